@@ -1,0 +1,38 @@
+"""Build and install the `sf` training system, its env integrations and the C++ IPC queue.
+
+Plain setuptools: `pip install -e .[doom,atari,dev]` compiles cpp/ with the system's C++ compiler.
+"""
+from setuptools import Extension, find_packages, setup
+
+cqueue = Extension(
+    "sf.ipc._cqueue",
+    sources=["cpp/ipc/cqueue.cpp", "cpp/ipc/cqueue_module.cpp"],
+    include_dirs=["cpp/ipc"],
+    extra_compile_args=["-std=c++17", "-O3", "-Wall", "-Wextra", "-fvisibility=hidden"],
+    libraries=["pthread"],
+    language="c++",
+)
+
+setup(
+    name="sf",
+    version="0.1.0",
+    description="High-throughput asynchronous actor-learner RL (Sample Factory architecture, APPO)",
+    packages=find_packages(include=["sf", "sf.*", "sf_envs", "sf_envs.*"]),
+    package_data={"sf_envs": ["doom/scenarios/*"]},
+    ext_modules=[cqueue],
+    python_requires=">=3.9",
+    install_requires=[
+        "torch>=2.1",
+        "numpy>=1.23",
+        "gymnasium>=0.29",
+        "psutil>=5.9",
+        "tensorboardX>=2.6",
+        "opencv-python-headless>=4.7",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "doom": ["vizdoom>=1.2.3"],
+        "atari": ["ale-py>=0.9"],
+        "dev": ["pytest>=7", "pytest-timeout>=2.1", "faster-fifo>=1.4.5"],
+    },
+)
