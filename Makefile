@@ -1,0 +1,32 @@
+# Quick start: `make train` (set up + short training run) and `make test` (set up + test suite).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_seconds 300
+
+.PHONY: setup train test test-slow bench clean
+
+setup: $(STAMP)
+
+# torch is pinned first when absent: an unpinned torch would pull a multi-GB CUDA build on CPU machines.
+$(STAMP): setup.py pyproject.toml $(wildcard cpp/ipc/*.cpp cpp/ipc/*.h)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[doom,atari,dev]"
+	$(PY) setup.py -q build_ext --inplace
+	$(PY) -m sf_envs.doom.fetch_scenarios || echo "warning: Doom scenario data (battle, duel, deathmatch) not fetched; see README"
+	touch $(STAMP)
+
+train: setup
+	$(PY) train.py $(TRAIN_ARGS)
+
+test: setup
+	$(PY) -m pytest -q
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf build *.egg-info sf/ipc/_cqueue*.so
