@@ -1,0 +1,95 @@
+"""Trajectory buffers: every per-step tensor of the system, preallocated once in shared memory.
+
+Storage layout (see docs/architecture.md), N = number of trajectory slots, T = --rollout:
+
+    obs[key]          [N, T+1, *obs_shape]  env dtype (uint8 images)   rollout worker
+    rnn_states        [N, T+1, H]           float32                    policy worker (t+1); zeroed after done
+    actions           [N, T, A]             int64 / float32            policy worker
+    action_logits     [N, T, L]             float32                    policy worker
+    log_probs         [N, T]                float32                    policy worker
+    values            [N, T]                float32                    policy worker
+    policy_versions   [N, T]                int64                      policy worker
+    rewards           [N, T]                float32                    rollout worker
+    dones             [N, T]                float32                    rollout worker
+
+Slot T holds the state after the last step (the learner bootstraps from it); it equals slot 0 of the
+env's next trajectory. Messages between processes carry slot indices into these tensors, never data.
+Fresh buffers are poisoned (NaN, -1, 0xCD) so that reading a slot nobody wrote is visible.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from sf.model.action_spaces import action_dtype, action_shape, num_action_logits
+
+POISON_UINT8 = 0xCD
+
+
+def _torch_dtype(np_dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=np_dtype)).dtype
+
+
+class TrajectoryBuffers:
+    """Shared-memory tensors for `num_slots` trajectories of length `rollout`. Picklable: children
+    receive the same memory (torch.multiprocessing passes the file descriptors)."""
+
+    def __init__(self, num_slots: int, rollout: int, obs_space, action_space, rnn_state_size: int):
+        n, t = num_slots, rollout
+        self.num_slots, self.rollout = n, t
+        self.obs = {k: torch.empty((n, t + 1, *s.shape), dtype=_torch_dtype(s.dtype)) for k, s in obs_space.spaces.items()}
+        self.rnn_states = torch.empty((n, t + 1, rnn_state_size), dtype=torch.float32)
+        self.actions = torch.empty((n, t, *action_shape(action_space)), dtype=action_dtype(action_space))
+        self.action_logits = torch.empty((n, t, num_action_logits(action_space)), dtype=torch.float32)
+        self.log_probs = torch.empty((n, t), dtype=torch.float32)
+        self.values = torch.empty((n, t), dtype=torch.float32)
+        self.policy_versions = torch.empty((n, t), dtype=torch.int64)
+        self.rewards = torch.empty((n, t), dtype=torch.float32)
+        self.dones = torch.empty((n, t), dtype=torch.float32)
+        for tensor in self.all_tensors():
+            tensor.share_memory_()
+        self.poison()
+
+    def step_tensors(self) -> dict:
+        """Name -> tensor for everything except observations."""
+        return dict(rnn_states=self.rnn_states, actions=self.actions, action_logits=self.action_logits,
+                    log_probs=self.log_probs, values=self.values, policy_versions=self.policy_versions,
+                    rewards=self.rewards, dones=self.dones)
+
+    def all_tensors(self) -> list:
+        return list(self.obs.values()) + list(self.step_tensors().values())
+
+    def poison(self) -> None:
+        for tensor in self.all_tensors():
+            if tensor.dtype.is_floating_point:
+                tensor.fill_(float("nan"))
+            elif tensor.dtype == torch.uint8:
+                tensor.fill_(POISON_UINT8)
+            else:
+                tensor.fill_(-1)
+
+    def gather(self, slots: torch.Tensor, device) -> dict:
+        """Copy whole trajectories out of shared memory: the learner's experience dict.
+
+        slots: [N] int64 slot indices. Returns obs dict [N, T+1, ...] and the other tensors [N, T(+1), ...]
+        on `device`, in the storage layout (the copy frees the slots for reuse at once).
+        """
+        out = {"obs": {k: v.index_select(0, slots).to(device, non_blocking=True) for k, v in self.obs.items()}}
+        for k, v in self.step_tensors().items():
+            out[k] = v.index_select(0, slots).to(device, non_blocking=True)
+        return out
+
+    @staticmethod
+    def bytes_needed(num_slots: int, rollout: int, obs_space, action_space, rnn_state_size: int) -> int:
+        per_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
+        per_step += 4 * rnn_state_size + 8 * int(np.prod(action_shape(action_space)))
+        per_step += 4 * num_action_logits(action_space) + 4 * 4 + 8
+        return num_slots * (rollout + 1) * per_step
+
+
+def shm_available_bytes(path: str = "/dev/shm") -> int:
+    """Free bytes of the shared-memory filesystem torch allocates from."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize

@@ -1,0 +1,163 @@
+"""Learner process (one per policy): batcher thread -> APPO SGD steps -> weights published after each.
+
+The batcher thread takes full trajectory slots from the learner queue until it has one training batch
+(`batch_size * num_batches_per_epoch / rollout` trajectories), copies them out of shared memory onto
+the device and returns the slots to the free list at once. It hands batches to the training loop through
+a one-element queue: while one batch trains and one waits, the batcher stops taking slots, the free list
+runs dry and rollout workers pause (backpressure) instead of memory growing or experience going stale.
+
+The learner owns the model and optimizer, so it also writes the checkpoints (periodic, best, final).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+
+import torch
+
+from sf.learning.appo import APPO
+from sf.model.actor_critic import create_actor_critic
+from sf.runner.checkpoint import CheckpointManager, check_compatible, make_checkpoint_state, model_signature, restore_rng_states
+from sf.runner.shared_state import ENV_STEPS, FINISHED, VERSION
+from sf_envs.registry import env_spec
+
+log = logging.getLogger("sf.learner")
+
+
+def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
+    """What a checkpoint must match to be loaded into this run (one-line error otherwise)."""
+    return {"env": cfg.env, "observation_space": str(obs_space), "action_space": str(action_space),
+            "model": model_signature(model)}
+
+
+class Learner:
+    def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir):
+        self.cfg, self.buffers, self.q = cfg, buffers, queues
+        self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
+        self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
+        self.appo = APPO(self.model, cfg, self.device)
+        self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
+        self.checkpoints = CheckpointManager(exp_dir, policy_id=0, keep_checkpoints=cfg.keep_checkpoints,
+                                             save_best_metric=cfg.save_best_metric)
+        self.frames_per_traj = cfg.rollout * env_spec(cfg.env).frameskip
+        self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
+        self.version, self.env_steps = 0, 0
+        self.pending: list[int] = []
+        self.last_save = time.time()
+        self._load_checkpoint()
+        self.state.learner[ENV_STEPS] = self.env_steps
+        self._publish(self.version)
+
+    # --- checkpoints ---
+    def _load_checkpoint(self) -> None:
+        if self.cfg.restart_behavior != "resume":
+            return
+        state = self.checkpoints.load("latest", map_location=self.device)
+        if state is None:
+            return
+        check_compatible(state["meta"], self.meta, state.get("path", "latest checkpoint"))
+        self.model.load_state_dict(state["model"])
+        self.appo.optimizer.load_state_dict(state["optimizer"])
+        restore_rng_states(state)
+        self.version, self.env_steps = int(state["policy_version"]), int(state["env_steps"])
+        log.info("Resumed from checkpoint: policy version %d, %d env frames", self.version, self.env_steps)
+
+    def save(self, final: bool = False) -> None:
+        state = make_checkpoint_state(self.model, self.appo.optimizer, self.version, self.env_steps, self.meta)
+        path = self.checkpoints.save(state, self.version, self.env_steps)
+        metric, episodes = float(self.state.best_metric[0]), int(self.state.best_metric[1])
+        if episodes > 0 and self.env_steps >= self.cfg.save_best_after:
+            self.checkpoints.save_best(state, self.version, self.env_steps, metric)
+        self.q.report.put(("checkpoint", str(path), final))
+        self.last_save = time.time()
+
+    # --- weights ---
+    def _publish(self, version: int) -> None:
+        self.version = version
+        self.shared_weights.publish(self.model, version)
+        self.state.learner[VERSION] = version
+
+    # --- batcher ---
+    def collect(self, timeout: float):
+        """Take finished slots; once a training batch is complete, copy it out and free its slots.
+        Returns the experience dict (storage layout, on the device) or None."""
+        try:
+            self.pending.extend(int(s) for s in self.q.learner.get_many(timeout=timeout, max_messages_to_get=self.trajs_per_batch - len(self.pending)))
+        except queue.Empty:
+            return None
+        if self.cfg.sampler_only:  # benchmark: recycle the slots at once, count the frames, train nothing
+            self.q.free.put_many(self.pending)
+            self.env_steps += len(self.pending) * self.frames_per_traj
+            self.state.learner[ENV_STEPS] = self.env_steps
+            self.pending = []
+            return None
+        if len(self.pending) < self.trajs_per_batch:
+            return None
+        slots = torch.tensor(self.pending[: self.trajs_per_batch], dtype=torch.int64)
+        self.pending = self.pending[self.trajs_per_batch:]
+        experience = self.buffers.gather(slots, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()  # the copy must finish before the slots are reused
+        self.q.free.put_many(slots.tolist())
+        return experience
+
+    # --- training ---
+    def train(self, experience) -> None:
+        stats = self.appo.train(experience, self.version, on_sgd_step=self._publish)
+        self.env_steps += self.trajs_per_batch * self.frames_per_traj
+        self.state.learner[ENV_STEPS] = self.env_steps
+        self.q.report.put(("train", stats, self.version, self.env_steps))
+        if time.time() - self.last_save > self.cfg.save_every_sec:
+            self.save()
+
+    def run_once(self, timeout: float = 0.0) -> bool:
+        """Serial mode: collect without a thread and train when a batch is complete."""
+        experience = self.collect(timeout)
+        if experience is None:
+            return False
+        self.train(experience)
+        return True
+
+    def run(self) -> None:
+        """Process mode: batcher thread + training loop until the runner asks to stop; then the final save."""
+        batches: queue.Queue = queue.Queue(maxsize=1)
+        stop = threading.Event()
+
+        def batcher():
+            while not stop.is_set():
+                exp = self.collect(timeout=0.1)
+                while exp is not None and not stop.is_set():
+                    try:
+                        batches.put(exp, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+
+        thread = threading.Thread(target=batcher, name="batcher", daemon=True)
+        thread.start()
+        parent = os.getppid()
+        try:
+            while not self.state.stopping() and os.getppid() == parent:
+                try:
+                    self.train(batches.get(timeout=0.1))
+                except queue.Empty:
+                    pass
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+        self.finish()
+
+    def finish(self) -> None:
+        self.save(final=True)
+        self.state.learner[FINISHED] = 1.0
+
+
+def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir) -> None:
+    """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle."""
+    from sf.runner.supervision import limit_threads
+    limit_threads(cfg.learner_torch_threads or os.cpu_count() or 1)
+    learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir)
+    learner.run()

@@ -1,0 +1,118 @@
+"""Run statistics: FPS over sliding windows, episode statistics, learner statistics, TensorBoard.
+
+TensorBoard tags follow Sample Factory's habits (one writer per policy, under train_dir/EXPERIMENT/):
+    perf/_fps, perf/_sample_throughput, perf/fps_{10,60,300}s, perf/total_frames
+    reward/reward{,_min,_max}, len/len{,_min,_max}, reward/score{,...} (unshaped game score)
+    train/{policy_loss,value_loss,entropy,kl_divergence,clip_fraction,grad_norm,learning_rate}
+    train/policy_lag_{min,avg,max}, train/masked_fraction, train/policy_version
+    memory/rss_mb_{runner,rollout_workers,policy_workers,learner}
+"""
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import numpy as np
+
+FPS_WINDOWS = (10, 60, 300)
+TRAIN_KEYS = ("policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm",
+              "learning_rate", "masked_fraction")
+
+
+class RunStats:
+    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, start_frames: int = 0):
+        self.frameskip = frameskip
+        self.frames_history: collections.deque = collections.deque(maxlen=4000)  # (time, total frames)
+        self.start_frames = start_frames
+        self.episodes: dict[str, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=stats_avg))
+        self.num_episodes = 0
+        self.train_stats: list[dict] = []  # SGD steps since the last summary
+        self.last_train: dict = {}
+        self.lag = {"min": float("nan"), "avg": float("nan"), "max": float("nan")}
+        self.version, self.learner_env_steps = 0, start_frames
+        self.memory: dict[str, float] = {}
+        self._writer = None
+        self.exp_dir = exp_dir
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from tensorboardX import SummaryWriter
+            self._writer = SummaryWriter(str(self.exp_dir), flush_secs=5)
+        return self._writer
+
+    # --- inputs ---
+    def add_frames(self, collected_frames: int, now: float | None = None) -> None:
+        self.frames_history.append((now or time.time(), self.start_frames + collected_frames))
+
+    def add_episodes(self, episodes: list[dict]) -> None:
+        for ep in episodes:
+            self.num_episodes += 1
+            for k, v in ep.items():
+                self.episodes[k].append(v)
+
+    def add_train(self, stats: list[dict], version: int, env_steps: int) -> None:
+        self.train_stats.extend(stats)
+        if stats:
+            self.last_train = stats[-1]
+            self.lag = {"min": min(s["lag_min"] for s in stats), "avg": float(np.mean([s["lag_avg"] for s in stats])),
+                        "max": max(s["lag_max"] for s in stats)}
+        self.version, self.learner_env_steps = version, env_steps
+
+    # --- outputs ---
+    @property
+    def total_frames(self) -> int:
+        return self.frames_history[-1][1] if self.frames_history else self.start_frames
+
+    def fps(self, window: float) -> float:
+        if len(self.frames_history) < 2:
+            return float("nan")
+        t_now, f_now = self.frames_history[-1]
+        for t, f in self.frames_history:  # oldest entry inside the window
+            if t_now - t <= window:
+                return (f_now - f) / max(t_now - t, 1e-9) if t_now > t else float("nan")
+        return float("nan")
+
+    def mean(self, key: str) -> float:
+        d = self.episodes.get(key)
+        return float(np.mean(d)) if d else float("nan")
+
+    def report_line(self) -> str:
+        fps = ", ".join(f"{w} sec: {self.fps(w):.1f}" for w in FPS_WINDOWS)
+        line = (f"Fps is ({fps}). Total num frames: {self.total_frames}. Policy version: {self.version}. "
+                f"Policy lag (min: {self.lag['min']:.1f}, avg: {self.lag['avg']:.1f}, max: {self.lag['max']:.1f}). "
+                f"Avg episode reward: {self.mean('reward'):.3f} ({self.num_episodes} episodes)")
+        if "score" in self.episodes:
+            line += f", score: {self.mean('score'):.3f}"
+        return line
+
+    def write_summaries(self) -> None:
+        step = self.total_frames
+        w = self.writer
+        fps10 = self.fps(10)
+        scalars = {"perf/_fps": fps10, "perf/_sample_throughput": fps10 / self.frameskip, "perf/total_frames": step}
+        for win in FPS_WINDOWS:
+            scalars[f"perf/fps_{win}s"] = self.fps(win)
+        for key, tag in (("reward", "reward/reward"), ("length", "len/len"), ("score", "reward/score")):
+            d = self.episodes.get(key)
+            if d:
+                scalars[tag], scalars[tag + "_min"], scalars[tag + "_max"] = float(np.mean(d)), float(min(d)), float(max(d))
+        if self.train_stats:
+            for k in TRAIN_KEYS:
+                vals = [s[k] for s in self.train_stats if k in s]
+                if vals:
+                    scalars[f"train/{k}"] = float(np.mean(vals))
+            for k, v in self.lag.items():
+                scalars[f"train/policy_lag_{k}"] = v
+            scalars["train/policy_version"] = self.version
+            self.train_stats = []
+        for k, v in self.memory.items():
+            scalars[f"memory/rss_mb_{k}"] = v
+        for tag, v in scalars.items():
+            if v == v:  # skip NaN (no data yet)
+                w.add_scalar(tag, v, step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,177 @@
+"""Rollout worker: steps `--num_envs_per_worker` envs in `--worker_num_splits` alternating groups.
+
+It holds no copy of the policy. For each env it owns one trajectory slot at a time and a step index t;
+`env_slots[w, e] = (slot, t)` tells policy workers where env e's current observation lives.
+
+Protocol (double-buffered sampling, paper section 3.2), per group g of envs:
+  1. the worker writes obs[slot, t] for every env of g and sends `(w, g)` to the policy queue;
+  2. a policy worker writes actions[slot, t] (and rnn_states[slot, t+1], ...) and replies `g` on this
+     worker's queue; meanwhile the worker steps the other group;
+  3. the worker steps g's envs with those actions, writes rewards/dones and obs[slot, t+1]; when t+1 == T
+     the slot goes to the learner queue and a fresh one comes from the free list (blocking there is the
+     system's backpressure when the learner falls behind).
+"""
+from __future__ import annotations
+
+import os
+import time
+from queue import Empty
+
+import numpy as np
+import torch
+
+from sf_envs.registry import env_spec, make_env
+
+EPISODE_REPORT_SEC = 1.0
+
+
+class RolloutWorker:
+    def __init__(self, cfg, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state):
+        self.cfg, self.w = cfg, worker_idx
+        self.buffers, self.env_slots, self.q, self.state = buffers, env_slots, queues, shared_state
+        self.num_envs = cfg.num_envs_per_worker
+        self.group_size = self.num_envs // cfg.worker_num_splits
+        self.frameskip = env_spec(cfg.env).frameskip
+        self.T = cfg.rollout
+        # numpy views of the shared tensors: the env-step loop is plain numpy, no torch dispatch per step.
+        self.obs_np = {k: v.numpy() for k, v in buffers.obs.items()}
+        self.actions_np = buffers.actions.numpy()
+        self.rewards_np, self.dones_np = buffers.rewards.numpy(), buffers.dones.numpy()
+        self.rnn_np = buffers.rnn_states.numpy()
+        self.envs = []
+        for e in range(self.num_envs):
+            self.envs.append(make_env(cfg, env_index=worker_idx * self.num_envs + e))
+        self.discrete = self.actions_np.dtype == np.int64
+        self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
+        self.slot = np.zeros(self.num_envs, dtype=np.int64)
+        self.t = np.zeros(self.num_envs, dtype=np.int64)
+        self.ep_reward = np.zeros(self.num_envs)
+        self.ep_len = np.zeros(self.num_envs, dtype=np.int64)
+        self.episodes: list[dict] = []
+        self.last_report = time.time()
+        self.frames = 0
+
+    @staticmethod
+    def _is_scalar(space) -> bool:
+        return space.shape == () or space.__class__.__name__ == "Discrete"
+
+    # --- start ---
+    def start(self) -> None:
+        """Reset every env, take a slot for each, and request actions for every group."""
+        for e, env in enumerate(self.envs):
+            seed = None if self.cfg.seed is None else self.cfg.seed * 10_000 + self.w * self.num_envs + e
+            obs, _ = env.reset(seed=seed)
+            self.slot[e] = self._take_free_slot()
+            self.t[e] = 0
+            self._write_obs(e, obs, self.slot[e], 0)
+            self.rnn_np[self.slot[e], 0] = 0.0
+        self.env_slots[self.w, :, 0] = torch.from_numpy(self.slot)
+        self.env_slots[self.w, :, 1] = torch.from_numpy(self.t)
+        for g in range(self.cfg.worker_num_splits):
+            self.q.policy.put((self.w, g))
+
+    def _take_free_slot(self) -> int:
+        while True:
+            try:
+                return int(self.q.free.get(timeout=0.5))
+            except Empty:  # the learner is behind (backpressure); keep checking for a stop request
+                if self.state.stopping():
+                    raise StopIteration from None
+
+    def _write_obs(self, e: int, obs: dict, slot: int, t: int) -> None:
+        for k, v in obs.items():
+            self.obs_np[k][slot, t] = v
+
+    # --- main loop ---
+    def run_once(self, timeout: float = 0.1) -> bool:
+        """Step every group whose actions are ready. Returns False when nothing arrived within timeout."""
+        try:
+            groups = self.q.worker.get_many(timeout=timeout)
+        except Empty:
+            return False
+        for g in groups:
+            self._step_group(int(g))
+        self._maybe_report()
+        return True
+
+    def _step_group(self, g: int) -> None:
+        finished_slots = []
+        T = self.T
+        for e in range(g * self.group_size, (g + 1) * self.group_size):
+            slot, t = int(self.slot[e]), int(self.t[e])
+            action = self.actions_np[slot, t]
+            if self.scalar_action[e]:
+                action = action[0] if self.discrete else action
+            try:
+                obs, reward, terminated, truncated, info = self.envs[e].step(action)
+                done = terminated or truncated
+                if done:
+                    self._episode_end(e, info, reward)
+                    obs, _ = self.envs[e].reset()
+            except Exception as ex:
+                raise RuntimeError(f"env {e} ({self.cfg.env}) of rollout worker {self.w} raised: {ex!r}") from ex
+            if not done:
+                self.ep_reward[e] += reward
+                self.ep_len[e] += 1
+            self.rewards_np[slot, t] = reward
+            self.dones_np[slot, t] = float(done)
+            t += 1
+            self._write_obs(e, obs, slot, t)
+            if done:
+                self.rnn_np[slot, t] = 0.0  # the next step starts a new episode: fresh recurrent state
+            if t == T:
+                new_slot = self._take_free_slot()
+                for k in self.obs_np:
+                    self.obs_np[k][new_slot, 0] = self.obs_np[k][slot, T]
+                self.rnn_np[new_slot, 0] = self.rnn_np[slot, T]
+                finished_slots.append(slot)
+                slot, t = new_slot, 0
+            self.slot[e], self.t[e] = slot, t
+        lo, hi = g * self.group_size, (g + 1) * self.group_size
+        self.env_slots[self.w, lo:hi, 0] = torch.from_numpy(self.slot[lo:hi])
+        self.env_slots[self.w, lo:hi, 1] = torch.from_numpy(self.t[lo:hi])
+        self.frames += self.group_size * self.frameskip
+        if finished_slots:
+            self.q.learner.put_many(finished_slots)
+        self.q.policy.put((self.w, g))
+
+    def _episode_end(self, e: int, info: dict, last_reward: float) -> None:
+        ep = info.get("episode")
+        if ep is None:  # envs without their own report: training reward and length in env frames
+            ep = {"reward": float(self.ep_reward[e] + last_reward), "length": int((self.ep_len[e] + 1) * self.frameskip)}
+        self.episodes.append({k: float(v) for k, v in ep.items()})
+        self.ep_reward[e] = 0.0
+        self.ep_len[e] = 0
+
+    def _maybe_report(self, force: bool = False) -> None:
+        now = time.time()
+        self.state.worker_frames[self.w] = self.frames
+        if self.episodes and (force or now - self.last_report > EPISODE_REPORT_SEC):
+            self.q.report.put(("episodes", self.w, self.episodes))
+            self.episodes = []
+            self.last_report = now
+
+    def close(self) -> None:
+        self._maybe_report(force=True)
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+
+def run_rollout_worker(cfg, worker_idx, buffers, env_slots, queues, shared_state, core) -> None:
+    """Process entry: lower priority than policy workers and learner, pinned to one core, one thread."""
+    from sf.runner.supervision import limit_threads, set_affinity
+    limit_threads(1)
+    set_affinity(core if cfg.set_workers_cpu_affinity else None, nice=5)
+    parent = os.getppid()
+    worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state)
+    try:
+        worker.start()
+        while not shared_state.stopping() and os.getppid() == parent:
+            worker.run_once(timeout=0.1)
+    except StopIteration:
+        pass
+    finally:
+        worker.close()
