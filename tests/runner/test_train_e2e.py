@@ -1,0 +1,200 @@
+"""End-to-end: the real multi-process system (train.py in a subprocess) with tiny budgets."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT
+
+SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",
+         "--encoder_mlp_layers", "32", "--num_envs_per_worker", "4", "--report_interval_sec", "1",
+         "--experiment_summaries_interval", "1", "--device", "cpu"]
+
+
+def train_args(tmp_path, env="test_corridor", *extra):
+    return ["--env", env, "--experiment", "e2e", "--train_dir", str(tmp_path), *SMALL, *extra]
+
+
+def start_train(args, log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "w")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT / 'tests' / 'runner'}:{ROOT}")
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=ROOT, env=env)
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def child_pids(log_path: Path) -> dict:
+    pids = {}
+    for line in log_path.read_text().splitlines():
+        if "Started " in line and "(pid " in line:
+            name = line.split("Started ")[1].split(" (pid")[0]
+            pids[name] = int(line.split("(pid ")[1].rstrip(")"))
+    return pids
+
+
+def read_scalars(exp_dir: Path) -> dict:
+    from tensorboardX.proto import event_pb2  # noqa: F401 — tensorboardX ships the proto
+    import struct
+    scalars = {}
+    for f in exp_dir.glob("events.out.tfevents.*"):
+        data = f.read_bytes()
+        pos = 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            ev = event_pb2.Event()
+            ev.ParseFromString(data[pos + 12: pos + 12 + length])
+            pos += 12 + length + 4
+            for v in ev.summary.value:
+                scalars.setdefault(v.tag, []).append((ev.step, v.simple_value))
+    return scalars
+
+
+def shm_files() -> set:
+    return set(os.listdir("/dev/shm"))
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_trains_test_env_and_reports(tmp_path, entry, serial):
+    shm_before = shm_files()
+    res = entry("train.py", *train_args(tmp_path, "test_corridor", "--num_workers", "2", "--serial_mode", str(serial),
+                                        "--train_for_env_steps", "6000"), timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    exp = tmp_path / "e2e"
+    assert (exp / "config.json").exists()
+    ckpts = list((exp / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert ckpts, "final checkpoint missing"
+    scalars = read_scalars(exp)
+    for tag in ("perf/_fps", "train/policy_lag_avg", "train/policy_lag_max", "reward/reward", "train/policy_version"):
+        assert tag in scalars, (tag, sorted(scalars))
+    versions = [v for _, v in scalars["train/policy_version"]]
+    assert max(versions) >= 5  # policy versions advance: 6000 frames / 64-sample minibatches
+    lag = [v for _, v in scalars["train/policy_lag_avg"]]
+    assert all(0 <= x <= 100 for x in lag)
+    assert max(v for _, v in scalars["perf/_fps"]) > 0
+    assert "Policy lag (min:" in res.stdout
+    assert shm_files() <= shm_before  # no shared memory left behind
+
+
+@pytest.mark.doom
+def test_trains_doom_basic(tmp_path, entry):
+    pytest.importorskip("vizdoom")
+    res = entry("train.py", "--env", "doom_basic", "--experiment", "e2e", "--train_dir", str(tmp_path), "--num_workers", "2",
+                "--num_envs_per_worker", "4", "--batch_size", "256", "--rnn_size", "64", "--hidden_size", "64",
+                "--train_for_env_steps", "4000", "--device", "cpu", "--experiment_summaries_interval", "1", timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    scalars = read_scalars(tmp_path / "e2e")
+    assert max(v for _, v in scalars["train/policy_version"]) >= 2
+    assert "train/policy_lag_avg" in scalars
+
+
+def test_killed_rollout_worker_is_detected(tmp_path):
+    log = tmp_path / "log.txt"
+    p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "300"), log)
+    try:
+        wait_for(lambda: "rollout_worker_1" in child_pids(log), 90, "workers to start")
+        time.sleep(2)
+        os.kill(child_pids(log)["rollout_worker_0"], signal.SIGKILL)
+        rc = p.wait(timeout=30)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert rc != 0
+    assert "rollout_worker_0 exited unexpectedly" in text
+    for name, pid in child_pids(log).items():
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, name
+
+
+def test_env_exception_reported_with_traceback(tmp_path):
+    log = tmp_path / "log.txt"
+    p = start_train(train_args(tmp_path, "gym:faulty_env:Faulty-v0", "--num_workers", "1", "--use_rnn", "False",
+                               "--train_for_seconds", "300"), log)
+    try:
+        rc = p.wait(timeout=60)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert rc != 0
+    assert "rollout_worker_0 crashed" in text and "FaultyEnv exploded on purpose" in text
+    assert "Traceback" in text
+    assert list((tmp_path / "e2e" / "checkpoint_p0").glob("checkpoint_*.pth")), "no checkpoint at the stop"
+
+
+def test_sigint_stops_everything_and_cleans_up(tmp_path):
+    shm_before = shm_files()
+    log = tmp_path / "log.txt"
+    p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "300"), log)
+    try:
+        wait_for(lambda: "Policy lag" in log.read_text(), 90, "training to report")
+        pids = child_pids(log)
+        assert len(pids) == 4
+        t0 = time.time()
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=20)
+        assert time.time() - t0 < 10
+    finally:
+        p.kill()
+    assert rc == 0, log.read_text()[-3000:]
+    assert "Saved final checkpoint" in log.read_text()
+    for pid in pids.values():
+        assert not psutil.pid_exists(pid)
+    assert shm_files() <= shm_before
+
+
+def test_sigkill_then_resume_continues_counters(tmp_path):
+    log = tmp_path / "log.txt"
+    args = train_args(tmp_path, "test_corridor", "--num_workers", "2", "--save_every_sec", "1", "--train_for_seconds", "300")
+    p = start_train(args, log)
+    ckpt_dir = tmp_path / "e2e" / "checkpoint_p0"
+    try:
+        wait_for(lambda: len(list(ckpt_dir.glob("checkpoint_*.pth"))) >= 1 and "Policy lag" in log.read_text(), 120, "a checkpoint")
+        time.sleep(1.5)
+        pids = child_pids(log)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    finally:
+        p.kill()
+    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                             for pid in pids.values()), 10, "children to exit after the parent's SIGKILL")
+    from sf.runner.checkpoint import CheckpointManager
+    before = CheckpointManager(tmp_path / "e2e").load("latest")
+    assert before is not None
+    # the same command, with a budget just above where it stopped, continues from the checkpoint
+    target = int(before["env_steps"]) + 2000
+    log2 = tmp_path / "log2.txt"
+    p2 = start_train(args[:-2] + ["--train_for_env_steps", str(target)], log2)
+    rc = p2.wait(timeout=180)
+    assert rc == 0, log2.read_text()[-3000:]
+    assert "Resumed from checkpoint" in log2.read_text()
+    after = CheckpointManager(tmp_path / "e2e").load("latest")
+    assert int(after["env_steps"]) >= target
+    assert int(after["policy_version"]) > int(before["policy_version"])
+
+
+def test_corrupted_latest_falls_back_and_incompatible_is_one_line(tmp_path, entry):
+    args = train_args(tmp_path, "test_corridor", "--num_workers", "1", "--train_for_env_steps", "1500")
+    assert entry("train.py", *args, timeout=180).returncode == 0
+    args2 = args[:-1] + ["3000"]
+    assert entry("train.py", *args2, timeout=180).returncode == 0
+    ckpts = sorted((tmp_path / "e2e" / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert len(ckpts) == 2
+    ckpts[-1].write_bytes(b"garbage" * 10)
+    res = entry("train.py", *(args[:-1] + ["4500"]), timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "WARNING" in res.stdout + res.stderr and ckpts[-1].name in res.stdout + res.stderr
+    # a different model: one line, exit 2, no traceback
+    res = entry("train.py", *(args[:-1] + ["9000"]), "--rnn_size", "16", timeout=180)
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
