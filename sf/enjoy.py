@@ -14,7 +14,7 @@ import torch
 from sf.cfg import ConfigError, experiment_dir, resolve_device
 from sf.learning.learner import checkpoint_meta
 from sf.model.actor_critic import create_actor_critic
-from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible
+from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible, load_into
 from sf_envs.registry import env_spec, make_env
 
 NATIVE_FPS = {"doom": 35, "atari": 60, "dmlab": 60}
@@ -32,7 +32,7 @@ def load_policy(cfg, obs_space, action_space, device):
             raise ConfigError(f"no {cfg.load_checkpoint_kind} checkpoint in {exp_dir / 'checkpoint_p0'}; train first")
         check_compatible(state["meta"], checkpoint_meta(cfg, obs_space, action_space, model),
                          state.get("path", exp_dir / "checkpoint_p0"))
-        model.load_state_dict(state["model"])
+        load_into(model, None, state)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     return model, state

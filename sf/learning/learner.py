@@ -20,7 +20,8 @@ import torch
 
 from sf.learning.appo import APPO
 from sf.model.actor_critic import create_actor_critic
-from sf.runner.checkpoint import CheckpointManager, check_compatible, make_checkpoint_state, model_signature, restore_rng_states
+from sf.runner.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
+                                  restore_rng_states)
 from sf.runner.shared_state import ENV_STEPS, FINISHED, VERSION
 from sf_envs.registry import env_spec
 
@@ -59,8 +60,7 @@ class Learner:
         if state is None:
             return
         check_compatible(state["meta"], self.meta, state.get("path", "latest checkpoint"))
-        self.model.load_state_dict(state["model"])
-        self.appo.optimizer.load_state_dict(state["optimizer"])
+        load_into(self.model, self.appo.optimizer, state)
         restore_rng_states(state)
         self.version, self.env_steps = int(state["policy_version"]), int(state["env_steps"])
         log.info("Resumed from checkpoint: policy version %d, %d env frames", self.version, self.env_steps)

@@ -116,3 +116,21 @@ class RunStats:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def read_event_scalars(exp_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] from the TensorBoard event files in exp_dir (for tests and benchmark scripts)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+    scalars: dict[str, list] = {}
+    for f in sorted(Path(exp_dir).glob("events.out.tfevents.*")):
+        data, pos = f.read_bytes(), 0
+        while pos + 12 <= len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event()
+            event.ParseFromString(data[pos + 12:pos + 12 + length])
+            pos += 16 + length
+            for v in event.summary.value:
+                scalars.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return scalars

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
+from sf.runner.stats import read_event_scalars
 
 SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",
          "--encoder_mlp_layers", "32", "--num_envs_per_worker", "4", "--report_interval_sec", "1",
@@ -45,23 +46,6 @@ def child_pids(log_path: Path) -> dict:
     return pids
 
 
-def read_scalars(exp_dir: Path) -> dict:
-    from tensorboardX.proto import event_pb2  # noqa: F401 — tensorboardX ships the proto
-    import struct
-    scalars = {}
-    for f in exp_dir.glob("events.out.tfevents.*"):
-        data = f.read_bytes()
-        pos = 0
-        while pos + 12 <= len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            ev = event_pb2.Event()
-            ev.ParseFromString(data[pos + 12: pos + 12 + length])
-            pos += 12 + length + 4
-            for v in ev.summary.value:
-                scalars.setdefault(v.tag, []).append((ev.step, v.simple_value))
-    return scalars
-
-
 def shm_files() -> set:
     return set(os.listdir("/dev/shm"))
 
@@ -76,7 +60,7 @@ def test_trains_test_env_and_reports(tmp_path, entry, serial):
     assert (exp / "config.json").exists()
     ckpts = list((exp / "checkpoint_p0").glob("checkpoint_*.pth"))
     assert ckpts, "final checkpoint missing"
-    scalars = read_scalars(exp)
+    scalars = read_event_scalars(exp)
     for tag in ("perf/_fps", "train/policy_lag_avg", "train/policy_lag_max", "reward/reward", "train/policy_version"):
         assert tag in scalars, (tag, sorted(scalars))
     versions = [v for _, v in scalars["train/policy_version"]]
@@ -95,7 +79,7 @@ def test_trains_doom_basic(tmp_path, entry):
                 "--num_envs_per_worker", "4", "--batch_size", "256", "--rnn_size", "64", "--hidden_size", "64",
                 "--train_for_env_steps", "4000", "--device", "cpu", "--experiment_summaries_interval", "1", timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    scalars = read_scalars(tmp_path / "e2e")
+    scalars = read_event_scalars(tmp_path / "e2e")
     assert max(v for _, v in scalars["train/policy_version"]) >= 2
     assert "train/policy_lag_avg" in scalars
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Learning benchmark: doom_basic average episode reward against env frames and wall time.
+
+Target (issue 5): average reward (scenario reward x 0.01, Sample Factory's units) >= 0.75 within
+600k env frames, with the default doom configuration on this machine.
+
+    python benchmarks/learning_doom_basic.py --frames 600000 --num_workers 2
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import header, table  # noqa: E402
+from sf.runner.stats import read_event_scalars  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--env", default="doom_basic")
+    ap.add_argument("--frames", type=int, default=600_000)
+    ap.add_argument("--num_workers", type=int, default=2)
+    ap.add_argument("--target", type=float, default=0.75)
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[])
+    args = ap.parse_args()
+    header(f"Learning curve: {args.env}")
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        cmd = [sys.executable, str(ROOT / "train.py"), "--env", args.env, "--experiment", "learn", "--train_dir", tmp,
+               "--num_workers", str(args.num_workers), "--train_for_env_steps", str(args.frames),
+               "--experiment_summaries_interval", "5", *args.extra]
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        wall = time.time() - t0
+        scalars = read_event_scalars(Path(tmp) / "learn")
+    rewards = scalars.get("reward/reward", [])
+    fps = dict(scalars.get("perf/_fps", []))
+    rows, first_hit = [], None
+    step_every = max(1, len(rewards) // 20)
+    for i, (frames, r) in enumerate(rewards):
+        if first_hit is None and r >= args.target:
+            first_hit = frames
+        if i % step_every == 0 or i == len(rewards) - 1:
+            rows.append([frames, f"{r:.3f}", f"{fps.get(frames, float('nan')):.0f}"])
+    print(table(rows, ["env frames", "avg reward (last 100 episodes)", "fps"]))
+    final = rewards[-1][1] if rewards else float("nan")
+    print(f"\nwall time {wall:.0f} s for {args.frames} frames; final average reward {final:.3f}; "
+          f"target {args.target} first reached at {first_hit if first_hit is not None else 'never'} frames")
+
+
+if __name__ == "__main__":
+    main()
