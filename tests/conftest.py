@@ -18,6 +18,6 @@ def run_entry(script: str, *args, timeout: float = 120, env=None, cwd=None) -> s
                           timeout=timeout, env=full_env, cwd=cwd or ROOT)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def entry():
     return run_entry

@@ -6,11 +6,10 @@ SMALL = ["--num_workers", "1", "--num_envs_per_worker", "2", "--batch_size", "64
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, entry):
     pytest.importorskip("vizdoom")
-    from conftest import run_entry
     train_dir = tmp_path_factory.mktemp("enjoy")
-    res = run_entry("train.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", train_dir, *SMALL,
+    res = entry("train.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", train_dir, *SMALL,
                     "--train_for_env_steps", "1500", timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return train_dir

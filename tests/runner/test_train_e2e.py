@@ -9,7 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parents[2]
+
 from sf.runner.stats import read_event_scalars
 
 SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",

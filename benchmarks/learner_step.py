@@ -1,0 +1,206 @@
+"""Learner throughput: samples/s of `APPO.train` for the paper's Doom model on CPU.
+
+Model: simplified Doom architecture (convnet_simple on [3, 72, 128] uint8 frames, FC 512, GRU 512,
+Discrete(7) actions), batch_size 2048 samples = 64 trajectories of T = 32 (+1 bootstrap step),
+recurrence 32, 1 epoch, 1 minibatch per training batch (the paper's Table A.5). Episode ends are
+sprinkled in (p = 0.02 per step) so the RNN takes the reset path as in real training.
+
+    python benchmarks/learner_step.py                      # 1 and 2 torch threads
+    python benchmarks/learner_step.py --threads 2 --iters 5 --cpu_block 256 --no_channels_last
+    python benchmarks/learner_step.py --per_step           # also time the per-time-step reference learner
+
+Reference points:
+- the project's naive single-threaded learner measured ~500 samples/s on this model (NAIVE_BASELINE;
+  the ratio is printed);
+- `--cpu_block 0` runs the encoder as one 2112-frame call (this learner without cache blocking:
+  ~640 samples/s with 1 thread, ~1150 with 2 on the 2-core AMD EPYC dev VM);
+- `--per_step` times a straightforward per-time-step learner on the same batch (encoder called once
+  per time step on 64 frames, Python GRUCell loop, float copy plus separate /255 of the frames, a second
+  forward for the bootstrap value). Its 64-frame encoder calls happen to be cache-sized too, so on CPU it
+  runs about as fast as APPO.train: the learner is compute-bound in the convolutions.
+
+Cost model (per batch of 2048 samples): encoder forward 2112 frames x 17.9 MFLOP = 38 GFLOP, its
+backward ~62 GFLOP (no input gradient for the first conv), GRU ~20 GFLOP: ~120 GFLOP. At ~1.9 s with
+1 thread that is ~65 GFLOP/s, ~80% of this machine's single-thread sgemm peak (80 GFLOP/s); with 2 threads
+~1.1 s, ~60% of the 2-thread sgemm peak (176 GFLOP/s).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from gymnasium import spaces  # noqa: E402
+
+from sf.learning.appo import APPO  # noqa: E402
+from sf.model.actor_critic import create_actor_critic  # noqa: E402
+
+
+def make_cfg(**kw):
+    try:
+        from sf.cfg import default_cfg
+        return default_cfg(**kw)
+    except ImportError:
+        import types
+        base = dict(use_rnn=True, rnn_type="gru", rnn_size=512, encoder_conv_architecture="auto",
+                    encoder_mlp_layers=[512, 512], hidden_size=512, nonlinearity="elu", normalize_input=True,
+                    normalize_returns=False, learning_rate=1e-4, adam_eps=1e-6, adam_beta1=0.9, adam_beta2=0.999,
+                    gamma=0.99, with_vtrace=True, vtrace_rho=1.0, vtrace_c=1.0, gae_lambda=0.95, ppo_clip_ratio=0.1,
+                    ppo_clip_value=1.0, exploration_loss_coeff=0.003, value_loss_coeff=0.5, max_grad_norm=4.0,
+                    normalize_advantage=True, max_policy_lag=100, rollout=32, recurrence=32, batch_size=2048,
+                    num_epochs=1, num_batches_per_epoch=1)
+        base.update(kw)
+        return types.SimpleNamespace(**base)
+
+
+NAIVE_BASELINE = 500.0  # samples/s, naive single-threaded learner (issue 4)
+OBS_SPACE = spaces.Dict({"obs": spaces.Box(0, 255, (3, 72, 128), np.uint8)})
+ACTION_SPACE = spaces.Discrete(7)
+
+
+def make_batch(model, n: int, t: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    h = model.rnn_state_size
+    logits = torch.randn((n, t, ACTION_SPACE.n), generator=g)
+    actions = torch.randint(0, ACTION_SPACE.n, (n, t, 1), generator=g)
+    log_probs = torch.log_softmax(logits, -1).gather(-1, actions).squeeze(-1)
+    return {
+        "obs": {"obs": torch.randint(0, 256, (n, t + 1, 3, 72, 128), dtype=torch.uint8, generator=g)},
+        "rnn_states": torch.randn((n, t + 1, h), generator=g) * 0.1,
+        "actions": actions,
+        "action_logits": logits,
+        "log_probs": log_probs,
+        "values": torch.randn((n, t), generator=g),
+        "policy_versions": torch.zeros((n, t), dtype=torch.int64),
+        "rewards": torch.randn((n, t), generator=g),
+        "dones": (torch.rand((n, t), generator=g) < 0.02).float(),
+    }
+
+
+class PerStepLearner:
+    """The straightforward way: encode step by step, GRUCell loop, second forward for the bootstrap."""
+
+    def __init__(self, model, cfg):
+        self.model, self.cfg = model, cfg
+        rnn = model.core.rnn
+        self.cell = torch.nn.GRUCell(rnn.input_size, rnn.hidden_size)
+        self.cell.load_state_dict({k.replace("_l0", ""): v for k, v in rnn.state_dict().items()})
+        self.opt = torch.optim.Adam(list(model.parameters()) + list(self.cell.parameters()), lr=cfg.learning_rate)
+
+    def _step(self, x, h):
+        enc = self.model.encoder.obs_encoder
+        x = x.float() / 255.0
+        for conv in enc.convs:
+            x = enc.act(conv(x))
+        x = enc.act(enc.fc(x.flatten(1)))
+        h = self.cell(x, h)
+        logits, values = self.model._heads(h)
+        return logits, values, h
+
+    def train(self, exp, version):
+        from sf.learning.losses import appo_loss
+        from sf.learning.vtrace import vtrace
+        cfg = self.cfg
+        obs, n, t = exp["obs"]["obs"], *exp["rewards"].shape
+        h = exp["rnn_states"][:, 0]
+        logits, values = [], []
+        for s in range(t):
+            if s > 0:
+                h = h * (1 - exp["dones"][:, s - 1:s])
+            lg, v, h = self._step(obs[:, s], h)
+            logits.append(lg)
+            values.append(v)
+        with torch.no_grad():
+            _, boot, _ = self._step(obs[:, t], h * (1 - exp["dones"][:, t - 1:t]))
+        logits, values = torch.stack(logits), torch.stack(values)
+        dist = self.model.action_distribution(logits)
+        lp = dist.log_prob(exp["actions"].transpose(0, 1))
+        vs, adv = vtrace(exp["log_probs"].t(), lp.detach(), exp["rewards"].t(), values.detach(), boot,
+                         cfg.gamma * (1 - exp["dones"].t()))
+        terms = appo_loss(lp, exp["log_probs"].t(), adv, values, exp["values"].t(), vs, dist.entropy(), None,
+                          clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
+                          value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=cfg.exploration_loss_coeff)
+        self.opt.zero_grad()
+        terms["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.opt.step()
+
+
+def timeit(fn, warmup: int, iters: int) -> float:
+    """Median seconds per call (the median resists the noise of a shared machine)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--batch_size", type=int, default=2048)
+    p.add_argument("--rollout", type=int, default=32)
+    p.add_argument("--rnn_type", default="gru", choices=("gru", "lstm"))
+    p.add_argument("--no_channels_last", action="store_true", help="conv activations in NCHW instead of NHWC")
+    p.add_argument("--cpu_block", type=int, default=None, help="frames per conv call on CPU (default: the model's)")
+    p.add_argument("--per_step", action="store_true", help="also time the per-time-step reference learner")
+    args = p.parse_args()
+
+    cfg = make_cfg(rollout=args.rollout, recurrence=args.rollout, batch_size=args.batch_size, rnn_type=args.rnn_type)
+    n, t = args.batch_size // args.rollout, args.rollout
+    torch.manual_seed(0)
+    try:
+        from common import header  # benchmarks/common.py: machine, command, date
+        header("learner step (APPO.train) throughput on CPU")
+        print(f"torch {torch.__version__}")
+    except ImportError:
+        print(f"machine: {os.cpu_count()} cores, {_cpu_name()}; torch {torch.__version__}; "
+              f"python {platform.python_version()}")
+        print("command: python " + " ".join(sys.argv))
+    print(f"model: Doom simplified, convnet_simple [3,72,128] uint8, FC 512, {args.rnn_type.upper()} 512, "
+          f"batch {args.batch_size} = {n} x T {t} (+1 bootstrap step), channels_last={not args.no_channels_last}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        model = create_actor_critic(cfg, OBS_SPACE, ACTION_SPACE, channels_last=not args.no_channels_last)
+        if args.cpu_block is not None:
+            model.encoder.obs_encoder.cpu_block = args.cpu_block
+        appo = APPO(model, cfg, "cpu")
+        exp = make_batch(model, n, t)
+        version = [0]
+
+        def step():
+            appo.train(exp, version[0])
+        sec = timeit(step, args.warmup, args.iters)
+        line = (f"threads={threads}: APPO.train {sec * 1000:.0f} ms/batch (median), {args.batch_size / sec:.0f} samples/s "
+                f"(x{args.batch_size / sec / NAIVE_BASELINE:.1f} the naive baseline's {NAIVE_BASELINE:.0f})")
+        if args.per_step and args.rnn_type == "gru":
+            ref = PerStepLearner(create_actor_critic(cfg, OBS_SPACE, ACTION_SPACE), cfg)
+            nsec = timeit(lambda: ref.train(exp, 0), args.warmup, args.iters)
+            line += f"; per-step reference {args.batch_size / nsec:.0f} samples/s (APPO.train x{nsec / sec:.2f})"
+        print(line, flush=True)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown cpu"
+
+
+if __name__ == "__main__":
+    main()

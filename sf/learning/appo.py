@@ -1,0 +1,160 @@
+"""APPO: the learner's SGD step (PPO clipping + V-trace or GAE), Sample Factory paper section 3.4.
+
+`APPO.train(experience, policy_version, on_sgd_step)` takes one training batch in the storage layout of
+docs/architecture.md (`N` trajectories of `T` steps, slot `T` holding the state after the last step):
+
+    for each of cfg.num_epochs epochs, for each of cfg.num_batches_per_epoch minibatches (trajectories
+    shuffled; a single minibatch is used in place, without a copy):
+        logits, values = model.forward_sequence(obs [n, T+1], ...)      # one encoder call, RNN over time
+        -> time-major [T(+1), n] (a free transpose: the model's outputs are time-major underneath)
+        lag = version - policy_versions; valid = lag <= cfg.max_policy_lag
+        values of step T (learner's own weights) bootstrap V-trace (IMPALA) or GAE
+        loss = PPO clipped surrogate + value_loss_coeff * clipped value loss - entropy bonus (masked means)
+        backward, clip grad norm, Adam step, version += 1, on_sgd_step(version)
+
+Input normalizers (vector obs, measurements) are updated once per `train` call, from steps 0..T-1 of the
+whole batch, before the first forward. With cfg.normalize_returns the returns normalizer is updated with
+each minibatch's (valid) value targets, and the critic is trained on normalized targets.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from sf.learning.gae import gae
+from sf.learning.losses import appo_loss, masked_mean
+from sf.learning.vtrace import vtrace
+
+STAT_KEYS = ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm",
+             "learning_rate", "lag_min", "lag_avg", "lag_max", "masked_fraction", "num_samples", "num_masked",
+             "policy_version")
+
+
+class APPO:
+    def __init__(self, model: torch.nn.Module, cfg, device):
+        self.model, self.cfg, self.device = model, cfg, torch.device(device)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                          eps=getattr(cfg, "adam_eps", 1e-6))
+
+    # --- one SGD step ---
+    def _sgd_step(self, mb: dict, version: int) -> tuple[dict, bool]:
+        cfg, model = self.cfg, self.model
+        rewards = mb["rewards"]
+        n, t_len = rewards.shape
+        num = float(n * t_len)
+        lag = version - mb["policy_versions"].t()  # [T, n]
+        valid = lag <= cfg.max_policy_lag
+        num_valid = valid.sum()
+        lag_f = lag.to(torch.float32)
+        lag_stats = torch.stack([lag_f.min(), lag_f.mean(), lag_f.max(), num_valid.float()]).tolist()
+        if lag_stats[3] == 0:  # every sample too old: nothing to learn, no forward, no step, no new version
+            return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False
+        dones = mb["dones"]
+        seq_dones = torch.nn.functional.pad(dones, (0, 1))  # [n, T+1]; the done of step T is never used
+        normalize_returns = getattr(model, "returns_normalizer", None) is not None and cfg.normalize_returns
+
+        logits, values = model.forward_sequence(mb["obs"], mb["rnn_states"], seq_dones, cfg.recurrence,
+                                                normalized_values=normalize_returns)
+        logits = logits.transpose(0, 1)[:t_len]  # [T, n, L]
+        values = values.transpose(0, 1)  # [T+1, n]
+
+        actions = mb["actions"].transpose(0, 1)  # [T, n, A]
+        behavior_log_probs = mb["log_probs"].t()
+        behavior_values = mb["values"].t()
+        rewards_tm = rewards.t()
+        discounts = cfg.gamma * (1.0 - dones.t())
+
+        dist = model.action_distribution(logits)
+        log_probs = dist.log_prob(actions)
+        entropy = dist.entropy()
+
+        with torch.no_grad():
+            v = values.detach()
+            if normalize_returns:
+                v = model.returns_normalizer.denormalize(v)
+            if cfg.with_vtrace:
+                targets, advantages = vtrace(behavior_log_probs, log_probs.detach(), rewards_tm, v[:t_len], v[t_len],
+                                             discounts, rho_bar=cfg.vtrace_rho, c_bar=cfg.vtrace_c)
+            else:
+                advantages, targets = gae(rewards_tm, v[:t_len], v[t_len], discounts, cfg.gae_lambda)
+            if normalize_returns:
+                model.returns_normalizer.update(targets, valid)
+                targets = model.returns_normalizer.normalize(targets)
+                behavior_values = model.returns_normalizer.normalize(behavior_values)
+
+        terms = appo_loss(log_probs, behavior_log_probs, advantages, values[:t_len], behavior_values, targets, entropy,
+                          valid, clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
+                          value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=cfg.exploration_loss_coeff,
+                          normalize_advantage=cfg.normalize_advantage)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm and cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        stepped = bool(torch.isfinite(grad_norm))
+        if stepped:  # a non-finite gradient would destroy the weights: skip the step (grad_norm shows it)
+            self.optimizer.step()
+
+        with torch.no_grad():
+            ratio = terms["ratio"]
+            eps = cfg.ppo_clip_ratio
+            clipped = (ratio > 1.0 + eps) | (ratio < 1.0 / (1.0 + eps))
+            kl = model.action_distribution(mb["action_logits"].transpose(0, 1)).kl_divergence(dist)
+            values = torch.stack([
+                terms["loss"].detach(), terms["policy_loss"].detach(), terms["value_loss"].detach(), terms["entropy"],
+                masked_mean(kl, valid), masked_mean(clipped.float(), valid), grad_norm.float(),
+            ]).tolist()
+        out = dict(zip(("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm"),
+                       values))
+        out.update(zip(("lag_min", "lag_avg", "lag_max"), lag_stats))
+        return self._stats(out, num, lag_stats[3]), stepped
+
+    def _stats(self, out: dict, num: float, num_valid: float) -> dict:
+        for k in ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm"):
+            out.setdefault(k, 0.0)
+        out["masked_fraction"] = 1.0 - num_valid / num
+        out["num_masked"] = num - num_valid
+        out["num_samples"] = num
+        out["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])
+        return out
+
+    # --- one training batch ---
+    def train(self, experience: dict, policy_version: int,
+              on_sgd_step: Optional[Callable[[int], None]] = None) -> list[dict]:
+        """Run cfg.num_epochs x cfg.num_batches_per_epoch SGD steps on `experience` (storage layout, see the
+        module docstring); calls `on_sgd_step(new_version)` after each step. Returns one stats dict per step
+        (keys STAT_KEYS, floats). A minibatch whose samples are all older than cfg.max_policy_lag (or whose
+        gradient is not finite) does no optimizer step and does not advance the version."""
+        cfg, model = self.cfg, self.model
+        model.train()
+        n_traj, t_len = experience["rewards"].shape
+        num_mb = max(1, min(int(cfg.num_batches_per_epoch), n_traj))
+        if hasattr(model, "update_normalizers"):
+            model.update_normalizers({k: v[:, :t_len] for k, v in experience["obs"].items()})
+
+        version = int(policy_version)
+        all_stats = []
+        for _ in range(cfg.num_epochs):
+            if num_mb == 1:
+                minibatches = [experience]
+            else:
+                perm = torch.randperm(n_traj, device=experience["rewards"].device)
+                minibatches = (_index(experience, idx) for idx in torch.tensor_split(perm, num_mb))  # lazy: one copy at a time
+            for mb in minibatches:
+                stats, stepped = self._sgd_step(mb, version)
+                if stepped:
+                    version += 1
+                    if on_sgd_step is not None:
+                        on_sgd_step(version)
+                stats["policy_version"] = float(version)
+                all_stats.append(stats)
+        return all_stats
+
+
+def _index(experience: dict, idx: torch.Tensor) -> dict:
+    out = {}
+    for k, v in experience.items():
+        out[k] = _index(v, idx) if isinstance(v, dict) else v.index_select(0, idx)
+    return out

@@ -1,0 +1,39 @@
+"""Generalized advantage estimation (Schulman et al. 2016), time-major [T, B] like sf.learning.vtrace."""
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def gae(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torch.Tensor, discounts: torch.Tensor,
+        lam: float):
+    r"""GAE(gamma, lambda) advantages and lambda-returns, computed without gradient.
+
+    Notation: T is the rollout length (first dim), B the batch size (second dim);
+    gamma_t = discounts[t] (gamma * (1 - done_t)), V(x_T) = bootstrap_value;
+
+        delta_t = r_t + gamma_t V(x_{t+1}) - V(x_t),
+        A_t = sum_{s=t}^{T-1} (prod_{i=t}^{s-1} gamma_i lambda) delta_s = delta_t + gamma_t lambda A_{t+1},
+        returns_t = A_t + V(x_t)   (the value targets).
+
+    Args:
+      rewards: float32 [T, B], reward after step t.
+      values: float32 [T, B], V(x_t).
+      bootstrap_value: float32 [B], V(x_T), the value of the state after the last step.
+      discounts: float32 [T, B], gamma * (1 - done_t).
+      lam: float, lambda.
+
+    Returns:
+      (advantages, returns): float32 [T, B] each.
+    """
+    values = values.float()
+    values_next = torch.cat([values[1:], bootstrap_value.float().unsqueeze(0)], dim=0)
+    discounts = discounts.float()
+    deltas = rewards.float() + discounts * values_next - values
+    decay = discounts * lam
+    advantages = torch.empty_like(values)
+    acc = torch.zeros_like(values[0])
+    for t in range(values.shape[0] - 1, -1, -1):
+        acc = deltas[t] + decay[t] * acc
+        advantages[t] = acc
+    return advantages, advantages + values

@@ -1,0 +1,69 @@
+"""V-trace off-policy value targets and policy-gradient advantages (Espeholt et al. 2018, "IMPALA", 4.1).
+
+Written after deepmind/scalable_agent vtrace.py, time-major `[T, B]` like it, with per-step discounts
+that are zero at episode ends (so the traces stop there).
+"""
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rewards: torch.Tensor,
+           values: torch.Tensor, bootstrap_value: torch.Tensor, discounts: torch.Tensor,
+           rho_bar: float = 1.0, c_bar: float = 1.0):
+    r"""V-trace targets `vs` and policy-gradient advantages, computed without gradient.
+
+    Notation: T is the rollout length (time dimension, first), B the batch size (trajectories, second).
+    For a behaviour policy mu that took action a_t in state x_t and a target policy pi,
+    rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t)), c_i = min(c_bar, pi(a_i|x_i) / mu(a_i|x_i)),
+    gamma_t = discounts[t] (gamma * (1 - done_t): zero when the episode ended after step t), and
+    V(x_T) = bootstrap_value. The n-step V-trace target of IMPALA (eq. 1) is
+
+        v_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t V,
+        delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t)),
+
+    computed here by the equivalent recursion v_s - V(x_s) = delta_s V + gamma_s c_s (v_{s+1} - V(x_{s+1}))
+    in one reverse-time loop over [B] vectors; v_T = V(x_T). The policy-gradient advantage is
+
+        pg_advantages_s = rho_s (r_s + gamma_s v_{s+1} - V(x_s)).
+
+    With rho_bar = c_bar = 1 and on-policy data (pi = mu) v_s is the n-step bootstrapped return.
+
+    Args:
+      behavior_log_probs: float32 [T, B], log mu(a_t | x_t) of the actions taken (from the policy worker).
+      target_log_probs: float32 [T, B], log pi(a_t | x_t) under the current (learner) policy.
+      rewards: float32 [T, B], reward r_t received after step t.
+      values: float32 [T, B], V(x_t) from the learner's value function.
+      bootstrap_value: float32 [B], V(x_T): value of the state after the last step.
+      discounts: float32 [T, B], gamma_t = gamma * (1 - done_t).
+      rho_bar: float, clipping threshold rho-bar of the importance weights in delta_t V and the
+        policy-gradient advantage.
+      c_bar: float, clipping threshold c-bar of the trace-cutting coefficients c_i.
+
+    Returns:
+      (vs, pg_advantages): float32 [T, B] each, without gradient. vs are the value targets v_s.
+    """
+    ratios = torch.exp(target_log_probs.float() - behavior_log_probs.float())
+    rhos = torch.clamp(ratios, max=rho_bar)
+    cs = torch.clamp(ratios, max=c_bar)
+    values = values.float()
+    rewards = rewards.float()
+    discounts = discounts.float()
+    bootstrap_value = bootstrap_value.float()
+
+    values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)  # V(x_{t+1})
+    deltas = rhos * (rewards + discounts * values_next - values)
+    dc = discounts * cs
+
+    num_steps = values.shape[0]
+    vs_minus_v = torch.empty_like(values)
+    acc = torch.zeros_like(bootstrap_value)
+    for t in range(num_steps - 1, -1, -1):
+        acc = deltas[t] + dc[t] * acc
+        vs_minus_v[t] = acc
+    vs = vs_minus_v + values
+
+    vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    pg_advantages = rhos * (rewards + discounts * vs_next - values)
+    return vs, pg_advantages

@@ -1,0 +1,149 @@
+"""Action spaces -> storage shapes/dtypes/logit sizes, and the action distributions built from logits.
+
+| space               | A (action_shape) | dtype   | L (num_action_logits) | distribution                        |
+|---------------------|------------------|---------|-----------------------|-------------------------------------|
+| Discrete(n)         | 1                | int64   | n                     | categorical                         |
+| MultiDiscrete(n1..k)| k                | int64   | n1 + ... + nk         | k independent categoricals (summed) |
+| Box(shape)          | prod(shape)      | float32 | 2 * prod(shape)       | diagonal Gaussian (means, log-stds) |
+
+Distributions accept logits with any leading dims `[..., L]`: `sample()`/`mode()` give `[..., A]`,
+`log_prob(actions [..., A])`/`entropy()` give `[...]` (summed over heads / dimensions). They are plain
+tensor code (no torch.distributions argument validation): the policy worker calls them on every step.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _check(space) -> None:
+    if not isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)):
+        raise TypeError(f"unsupported action space {space!r} (Discrete, MultiDiscrete or Box)")
+
+
+def action_heads(space) -> list[int]:
+    """Sizes of the independent categorical heads (Discrete: [n]; MultiDiscrete: nvec); [] for Box."""
+    _check(space)
+    if isinstance(space, spaces.Discrete):
+        return [int(space.n)]
+    if isinstance(space, spaces.MultiDiscrete):
+        return [int(n) for n in np.asarray(space.nvec).reshape(-1)]
+    return []
+
+
+def action_shape(space) -> tuple[int]:
+    """`(A,)`: per-step shape of the stored action."""
+    _check(space)
+    if isinstance(space, spaces.Box):
+        return (int(np.prod(space.shape)),)
+    return (len(action_heads(space)),)
+
+
+def action_dtype(space) -> torch.dtype:
+    """torch.int64 for Discrete/MultiDiscrete, torch.float32 for Box."""
+    _check(space)
+    return torch.float32 if isinstance(space, spaces.Box) else torch.int64
+
+
+def num_action_logits(space) -> int:
+    """`L`: size of the policy head output."""
+    _check(space)
+    if isinstance(space, spaces.Box):
+        return 2 * int(np.prod(space.shape))
+    return sum(action_heads(space))
+
+
+class CategoricalHeads:
+    """Independent categorical distributions over consecutive slices of the logits (1 head: Discrete)."""
+
+    def __init__(self, logits: torch.Tensor, head_sizes: Sequence[int]):
+        self.logits = logits
+        self.head_sizes = list(head_sizes)
+        if len(self.head_sizes) == 1:
+            self._log_p = [torch.log_softmax(logits, dim=-1)]
+        else:
+            self._log_p = [torch.log_softmax(lg, dim=-1) for lg in torch.split(logits, self.head_sizes, dim=-1)]
+
+    @property
+    def log_probs_per_head(self) -> list[torch.Tensor]:
+        return self._log_p
+
+    def sample(self) -> torch.Tensor:
+        # Gumbel-max: argmax(log p - log(-log U)) is a sample of softmax(log p); one vectorized op per head.
+        out = []
+        for lp in self._log_p:
+            u = torch.rand_like(lp).clamp_(min=1e-20, max=1.0 - 1e-7)
+            out.append(torch.argmax(lp - torch.log(-torch.log(u)), dim=-1))
+        return torch.stack(out, dim=-1)
+
+    def mode(self) -> torch.Tensor:
+        return torch.stack([torch.argmax(lp, dim=-1) for lp in self._log_p], dim=-1)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        actions = actions.long()
+        if len(self._log_p) == 1:
+            return self._log_p[0].gather(-1, actions[..., :1]).squeeze(-1)
+        total = None
+        for i, lp in enumerate(self._log_p):
+            term = lp.gather(-1, actions[..., i:i + 1]).squeeze(-1)
+            total = term if total is None else total + term
+        return total
+
+    def entropy(self) -> torch.Tensor:
+        total = None
+        for lp in self._log_p:
+            term = -(lp.exp() * lp).sum(-1)
+            total = term if total is None else total + term
+        return total
+
+    def kl_divergence(self, other: "CategoricalHeads") -> torch.Tensor:
+        """KL(self || other), summed over heads."""
+        total = None
+        for lp, lq in zip(self._log_p, other._log_p):
+            term = (lp.exp() * (lp - lq)).sum(-1)
+            total = term if total is None else total + term
+        return total
+
+
+class DiagGaussian:
+    """Diagonal Gaussian; logits = [means (d), log-stds (d)], log-stds clamped to [-20, 2]."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+        self.mean, log_std = torch.chunk(logits, 2, dim=-1)
+        self.log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        self.std = self.log_std.exp()
+
+    def sample(self) -> torch.Tensor:
+        return self.mean + self.std * torch.randn_like(self.mean)
+
+    def mode(self) -> torch.Tensor:
+        return self.mean
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        z = (actions - self.mean) / self.std
+        return (-0.5 * z * z - self.log_std - _HALF_LOG_2PI).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return (self.log_std + (0.5 + _HALF_LOG_2PI)).sum(-1)
+
+    def kl_divergence(self, other: "DiagGaussian") -> torch.Tensor:
+        """KL(self || other), summed over dimensions."""
+        var_ratio = (self.std / other.std) ** 2
+        t1 = ((self.mean - other.mean) / other.std) ** 2
+        return 0.5 * (var_ratio + t1 - 1.0 - torch.log(var_ratio)).sum(-1)
+
+
+def action_distribution(space, logits: torch.Tensor):
+    """The distribution of `space` parameterized by `logits [..., L]`."""
+    _check(space)
+    if isinstance(space, spaces.Box):
+        return DiagGaussian(logits)
+    return CategoricalHeads(logits, action_heads(space))

@@ -1,0 +1,106 @@
+"""Recurrent cores (GRU / LSTM) with truncated BPTT and episode resets, and the feed-forward identity.
+
+State packing: GRU state `[B, H]` with H = rnn_size; LSTM state `[B, 2 * rnn_size]` = cat(h, c).
+
+`sequence(x, rnn_states, dones, recurrence)` is the learner's pass over `S` steps (time-major `[S, B, F]`):
+- chunk starts (multiples of `recurrence`) take the *stored* state of that step (truncated BPTT: no
+  gradient flows into a chunk from the previous one); the last chunk, when shorter than `recurrence`
+  (S = T+1: the bootstrap step), continues from the carried state instead;
+- before step t (t > 0) the state is multiplied by (1 - dones[t-1]) (reset after an episode end).
+The time axis is cut into segments at chunk starts and at every step that follows a done of *any*
+trajectory; each segment is one call of the fused `nn.GRU`/`nn.LSTM` (input projections of the whole
+segment in one matmul, the time loop in C++), so Python only loops over segments.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def chunk_starts(seq_len: int, recurrence: int) -> list[int]:
+    """Steps whose stored RNN state starts a BPTT chunk: 0 and every full chunk's first step."""
+    recurrence = max(1, int(recurrence))
+    return [t for t in range(0, seq_len, recurrence) if t == 0 or t + recurrence <= seq_len]
+
+
+class RecurrentCore(nn.Module):
+    def __init__(self, in_size: int, rnn_type: str, rnn_size: int):
+        super().__init__()
+        if rnn_type not in ("gru", "lstm"):
+            raise ValueError(f"rnn_type must be gru or lstm, got {rnn_type!r}")
+        self.rnn_type, self.rnn_size = rnn_type, rnn_size
+        self.is_lstm = rnn_type == "lstm"
+        self.rnn = (nn.LSTM if self.is_lstm else nn.GRU)(in_size, rnn_size, num_layers=1)
+        self.state_size = 2 * rnn_size if self.is_lstm else rnn_size
+        self.out_size = rnn_size
+
+    def _unpack(self, state: torch.Tensor):
+        """[B, H] -> nn.GRU/nn.LSTM hidden ([1, B, R] or a pair of them)."""
+        if self.is_lstm:
+            h, c = state.split(self.rnn_size, dim=-1)
+            return h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()
+        return state.unsqueeze(0).contiguous()
+
+    def _pack(self, hidden) -> torch.Tensor:
+        if self.is_lstm:
+            return torch.cat([hidden[0][0], hidden[1][0]], dim=-1)
+        return hidden[0]
+
+    @staticmethod
+    def _mask(hidden, keep: torch.Tensor):
+        """Multiply the hidden state by keep [B] (1 - done)."""
+        k = keep.view(1, -1, 1)
+        if isinstance(hidden, tuple):
+            return hidden[0] * k, hidden[1] * k
+        return hidden * k
+
+    def step(self, x: torch.Tensor, state: torch.Tensor):
+        """x [B, F], state [B, H] -> (out [B, R], new_state [B, H])."""
+        out, hidden = self.rnn(x.unsqueeze(0), self._unpack(state))
+        return out[0], self._pack(hidden)
+
+    def sequence(self, x: torch.Tensor, rnn_states: torch.Tensor, dones: torch.Tensor, recurrence: int) -> torch.Tensor:
+        """x [S, B, F] time-major; rnn_states [B, S, H] (stored, read at chunk starts); dones [B, S].
+
+        Returns core outputs [S, B, R]."""
+        seq_len = x.shape[0]
+        starts = chunk_starts(seq_len, recurrence)
+        keep = None
+        cuts = set(starts)
+        if seq_len > 1:
+            dones_prev = dones[:, :-1]
+            any_done = (dones_prev != 0).any(0)
+            if bool(any_done.any()):
+                cuts.update((torch.nonzero(any_done).view(-1) + 1).tolist())
+            keep = (1.0 - dones_prev.to(x.dtype)).t()  # [S-1, B]: keep[t-1] multiplies the state before step t
+        bounds = sorted(cuts) + [seq_len]
+        stored = set(starts)
+        # torch.split, not x[a:b]: its backward is one concatenation, slicing would zero-fill a full-size
+        # gradient per segment.
+        segments = x.split([b - a for a, b in zip(bounds[:-1], bounds[1:])])
+        outs = []
+        hidden = None
+        for a, seg in zip(bounds[:-1], segments):
+            if a in stored:
+                hidden = self._unpack(rnn_states[:, a].to(x.dtype))
+            if a > 0:
+                hidden = self._mask(hidden, keep[a - 1])
+            out, hidden = self.rnn(seg, hidden)
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+class IdentityCore(nn.Module):
+    """Feed-forward model: no recurrence, state size 1 (ignored, returned as zeros)."""
+
+    state_size = 1
+
+    def __init__(self, in_size: int):
+        super().__init__()
+        self.out_size = in_size
+
+    def step(self, x: torch.Tensor, state: torch.Tensor):
+        return x, torch.zeros((x.shape[0], 1), dtype=torch.float32, device=x.device)
+
+    def sequence(self, x: torch.Tensor, rnn_states, dones, recurrence) -> torch.Tensor:
+        return x

@@ -1,0 +1,86 @@
+"""Helpers for tests/learning: a small cfg and synthetic observation/action spaces and batches."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+# Every cfg field the model and the learner read, at the brief's defaults.
+DEFAULTS = dict(
+    use_rnn=True, rnn_type="gru", rnn_size=512, encoder_conv_architecture="auto", encoder_mlp_layers=[512, 512],
+    hidden_size=512, nonlinearity="elu", normalize_input=True, normalize_returns=False, learning_rate=1e-4,
+    adam_eps=1e-6, adam_beta1=0.9, adam_beta2=0.999, gamma=0.99, with_vtrace=True, vtrace_rho=1.0, vtrace_c=1.0,
+    gae_lambda=0.95, ppo_clip_ratio=0.1, ppo_clip_value=1.0, exploration_loss_coeff=0.003, value_loss_coeff=0.5,
+    max_grad_norm=4.0, normalize_advantage=True, max_policy_lag=100, rollout=32, recurrence=32, batch_size=2048,
+    num_epochs=1, num_batches_per_epoch=1,
+)
+
+
+def make_cfg(**overrides):
+    """sf.cfg.default_cfg when the lead's cfg module exists, else a SimpleNamespace of DEFAULTS."""
+    try:
+        from sf.cfg import default_cfg
+    except ImportError:
+        cfg = types.SimpleNamespace(**{k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS.items()})
+        for k, v in overrides.items():
+            setattr(cfg, k, v)
+        return cfg
+    return default_cfg(**overrides)
+
+
+DOOM_OBS = spaces.Dict({"obs": spaces.Box(0, 255, (3, 72, 128), np.uint8)})
+DOOM_FULL_OBS = spaces.Dict({"obs": spaces.Box(0, 255, (3, 72, 128), np.uint8),
+                             "measurements": spaces.Box(-np.inf, np.inf, (23,), np.float32)})
+ATARI_OBS = spaces.Dict({"obs": spaces.Box(0, 255, (4, 84, 84), np.uint8)})
+VECTOR_OBS = spaces.Dict({"obs": spaces.Box(-np.inf, np.inf, (10,), np.float32)})
+DOOM_FULL_ACTIONS = spaces.MultiDiscrete([3, 3, 2, 2, 2, 8, 21])  # Table A.4: 7 heads, 12096 combinations
+
+
+def make_obs(obs_space, lead_shape, generator=None) -> dict:
+    """Random observations [*lead_shape, *shape] in storage dtype."""
+    out = {}
+    for k, s in obs_space.spaces.items():
+        shape = (*lead_shape, *s.shape)
+        if s.dtype == np.uint8:
+            out[k] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+        else:
+            out[k] = torch.randn(shape, generator=generator) * 3.0 + 1.0
+    return out
+
+
+def random_experience(model, obs_space, action_space, n: int, t: int, done_prob: float = 0.05,
+                      policy_version: int = 0, seed: int = 0) -> dict:
+    """A training batch in the storage layout, acted by `model` itself (behaviour = current policy),
+    with episode ends inside the rollouts and stored RNN states consistent with the resets."""
+    g = torch.Generator().manual_seed(seed)
+    obs = make_obs(obs_space, (n, t + 1), g)
+    h = model.rnn_state_size
+    rnn_states = torch.zeros((n, t + 1, h))
+    actions, logits_all, log_probs, values = [], [], [], []
+    dones = (torch.rand((n, t), generator=g) < done_prob).float()
+    state = torch.zeros((n, h))
+    with torch.no_grad():
+        for step in range(t):
+            rnn_states[:, step] = state
+            out = model.forward_step({k: v[:, step] for k, v in obs.items()}, state)
+            dist = model.action_distribution(out.action_logits)
+            a = dist.sample()
+            actions.append(a)
+            logits_all.append(out.action_logits)
+            log_probs.append(dist.log_prob(a))
+            values.append(out.values)
+            state = out.new_rnn_states * (1.0 - dones[:, step:step + 1])
+        rnn_states[:, t] = state
+    return {
+        "obs": obs,
+        "rnn_states": rnn_states,
+        "actions": torch.stack(actions, 1),
+        "action_logits": torch.stack(logits_all, 1),
+        "log_probs": torch.stack(log_probs, 1),
+        "values": torch.stack(values, 1),
+        "policy_versions": torch.full((n, t), policy_version, dtype=torch.int64),
+        "rewards": torch.randn((n, t), generator=g),
+        "dones": dones,
+    }
