@@ -36,7 +36,7 @@ from sf.sampling.rollout_worker import RolloutWorker, run_rollout_worker
 from sf_envs.registry import env_spec, make_env
 
 log = logging.getLogger("sf")
-STOP_TIMEOUT_SEC = 10.0
+STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are killed after it (budget: 10 s)
 
 
 def run_training(cfg) -> int:
