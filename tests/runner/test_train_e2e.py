@@ -184,3 +184,10 @@ def test_corrupted_latest_falls_back_and_incompatible_is_one_line(tmp_path, entr
     res = entry("train.py", *(args[:-1] + ["9000"]), "--rnn_size", "16", timeout=180)
     assert res.returncode == 2
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_user_registered_env_trains(tmp_path, entry):
+    res = entry("tests/runner/custom_train.py", *train_args(tmp_path, "my_cartpole", "--num_workers", "1",
+                                                            "--train_for_env_steps", "2000"), timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "Saved final checkpoint" in res.stdout
