@@ -28,6 +28,26 @@ class PolicyWorker:
         self.version = -1
         self.max_requests = cfg.num_workers * cfg.worker_num_splits
         self._offsets = np.arange(self.group_size)
+        # numpy views of the shared tensors, flattened over (slot, t): one 1-D fancy index per tensor instead of
+        # torch's two-tensor advanced indexing (which costs ~10x more per call at these small batch sizes).
+        b = buffers
+        self.T = b.rewards.shape[1]
+        self.env_slots_np = env_slots.numpy()
+        n = b.rewards.shape[0]
+        self.obs_flat = {k: v.view(n * (self.T + 1), *v.shape[2:]).numpy() for k, v in b.obs.items()}
+        self.rnn_flat = b.rnn_states.view(n * (self.T + 1), -1).numpy()
+        self.step_flat = {k: getattr(b, k).view(n * self.T, *getattr(b, k).shape[2:]).numpy()
+                          for k in ("actions", "action_logits", "log_probs", "values", "policy_versions")}
+        # --random_policy on (Multi)Discrete spaces: uniform actions drawn in numpy, constant log-prob.
+        from gymnasium import spaces
+        self.random_nvec = None
+        if isinstance(action_space, spaces.Discrete):
+            self.random_nvec = np.array([action_space.n], dtype=np.int64)
+        elif isinstance(action_space, spaces.MultiDiscrete):
+            self.random_nvec = np.asarray(action_space.nvec, dtype=np.int64).reshape(-1)
+        if self.random_nvec is not None:
+            self.random_log_prob = -float(np.log(self.random_nvec.astype(np.float64)).sum())
+            self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 7919)
 
     def wait_for_weights(self, stopping) -> None:
         """Block until the learner published its first weights (after loading a checkpoint, say)."""
@@ -46,34 +66,45 @@ class PolicyWorker:
         req = np.asarray(requests, dtype=np.int64).reshape(-1, 2)  # [R, (worker, group)]
         workers = np.repeat(req[:, 0], self.group_size)
         envs = (req[:, 1:2] * self.group_size + self._offsets).reshape(-1)
-        idx = self.env_slots[torch.from_numpy(workers), torch.from_numpy(envs)]  # [B, 2] (slot, t)
+        idx = self.env_slots_np[workers, envs]  # [B, 2] (slot, t)
         slots, ts = idx[:, 0], idx[:, 1]
         self._infer(slots, ts)
-        for w, g in req:
-            self.q.workers[int(w)].put(int(g))
+        for w, g in req.tolist():
+            self.q.workers[w].put(g)
         return len(slots)
 
     @torch.inference_mode()
-    def _infer(self, slots: torch.Tensor, ts: torch.Tensor) -> None:
+    def _infer(self, slots: np.ndarray, ts: np.ndarray) -> None:
         """slots, ts: [B] int64. Writes the step outputs for (slot, t) and the RNN state for (slot, t+1)."""
-        b = self.buffers
-        obs = {k: v[slots, ts].to(self.device, non_blocking=True) for k, v in b.obs.items()}
-        rnn = b.rnn_states[slots, ts].to(self.device, non_blocking=True)
-        if self.random_policy:  # sampler benchmark: uniform logits, no network
-            logits = torch.zeros((len(slots), b.action_logits.shape[-1]), device=self.device)
+        step = slots * self.T + ts  # flat index into [N * T] tensors
+        obs_i = slots * (self.T + 1) + ts  # flat index into [N * (T+1)] tensors
+        out = self.step_flat
+        if self.random_policy and self.random_nvec is not None:  # sampler benchmark: uniform actions, no network
+            n = len(slots)
+            out["actions"][step] = self.rng.integers(self.random_nvec, size=(n, len(self.random_nvec)))
+            out["action_logits"][step] = 0.0
+            out["log_probs"][step] = self.random_log_prob
+            out["values"][step] = 0.0
+            out["policy_versions"][step] = self.version
+            self.rnn_flat[obs_i + 1] = self.rnn_flat[obs_i]
+            return
+        rnn = torch.from_numpy(self.rnn_flat[obs_i]).to(self.device, non_blocking=True)
+        if self.random_policy:  # sampler benchmark (Box actions): standard-normal logits, no network
+            logits = torch.zeros((len(slots), out["action_logits"].shape[-1]), device=self.device)
             values, new_rnn = torch.zeros(len(slots), device=self.device), rnn
         else:
-            out = self.model.forward_step(obs, rnn)
-            logits, values, new_rnn = out.action_logits, out.values, out.new_rnn_states
+            obs = {k: torch.from_numpy(v[obs_i]).to(self.device, non_blocking=True) for k, v in self.obs_flat.items()}
+            res = self.model.forward_step(obs, rnn)
+            logits, values, new_rnn = res.action_logits, res.values, res.new_rnn_states
         dist = self.model.action_distribution(logits)
         actions = dist.sample()
         log_probs = dist.log_prob(actions)
-        b.actions[slots, ts] = actions.to("cpu").to(b.actions.dtype)
-        b.action_logits[slots, ts] = logits.float().cpu()
-        b.log_probs[slots, ts] = log_probs.float().cpu()
-        b.values[slots, ts] = values.float().cpu()
-        b.policy_versions[slots, ts] = self.version
-        b.rnn_states[slots, ts + 1] = new_rnn.float().cpu()
+        out["actions"][step] = actions.cpu().numpy()
+        out["action_logits"][step] = logits.float().cpu().numpy()
+        out["log_probs"][step] = log_probs.float().cpu().numpy()
+        out["values"][step] = values.float().cpu().numpy()
+        out["policy_versions"][step] = self.version
+        self.rnn_flat[obs_i + 1] = new_rnn.float().cpu().numpy()
 
 
 def run_policy_worker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, shared_state, device) -> None:

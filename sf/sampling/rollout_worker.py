@@ -38,6 +38,7 @@ class RolloutWorker:
         self.actions_np = buffers.actions.numpy()
         self.rewards_np, self.dones_np = buffers.rewards.numpy(), buffers.dones.numpy()
         self.rnn_np = buffers.rnn_states.numpy()
+        self.env_slots_np = env_slots.numpy()
         self.envs = []
         for e in range(self.num_envs):
             self.envs.append(make_env(cfg, env_index=worker_idx * self.num_envs + e))
@@ -65,8 +66,8 @@ class RolloutWorker:
             self.t[e] = 0
             self._write_obs(e, obs, self.slot[e], 0)
             self.rnn_np[self.slot[e], 0] = 0.0
-        self.env_slots[self.w, :, 0] = torch.from_numpy(self.slot)
-        self.env_slots[self.w, :, 1] = torch.from_numpy(self.t)
+        self.env_slots_np[self.w, :, 0] = self.slot
+        self.env_slots_np[self.w, :, 1] = self.t
         for g in range(self.cfg.worker_num_splits):
             self.q.policy.put((self.w, g))
 
@@ -97,9 +98,13 @@ class RolloutWorker:
     def _step_group(self, g: int) -> None:
         finished_slots = []
         T = self.T
-        for e in range(g * self.group_size, (g + 1) * self.group_size):
-            slot, t = int(self.slot[e]), int(self.t[e])
-            action = self.actions_np[slot, t]
+        lo, hi = g * self.group_size, (g + 1) * self.group_size
+        slots, ts = self.slot[lo:hi].tolist(), self.t[lo:hi].tolist()
+        # the group's actions in one fancy-index read (one copy instead of a view per env)
+        actions = self.actions_np[slots, ts]
+        for i, e in enumerate(range(lo, hi)):
+            slot, t = slots[i], ts[i]
+            action = actions[i]
             if self.scalar_action[e]:
                 action = action[0] if self.discrete else action
             try:
@@ -126,10 +131,10 @@ class RolloutWorker:
                 self.rnn_np[new_slot, 0] = self.rnn_np[slot, T]
                 finished_slots.append(slot)
                 slot, t = new_slot, 0
-            self.slot[e], self.t[e] = slot, t
-        lo, hi = g * self.group_size, (g + 1) * self.group_size
-        self.env_slots[self.w, lo:hi, 0] = torch.from_numpy(self.slot[lo:hi])
-        self.env_slots[self.w, lo:hi, 1] = torch.from_numpy(self.t[lo:hi])
+            slots[i], ts[i] = slot, t
+        self.slot[lo:hi], self.t[lo:hi] = slots, ts
+        self.env_slots_np[self.w, lo:hi, 0] = slots
+        self.env_slots_np[self.w, lo:hi, 1] = ts
         self.frames += self.group_size * self.frameskip
         if finished_slots:
             self.q.learner.put_many(finished_slots)
