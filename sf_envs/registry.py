@@ -1,0 +1,236 @@
+"""The env registry: names -> EnvSpec, and make_env(cfg) -> a gymnasium.Env of the env contract.
+
+    from sf_envs.registry import make_env, env_spec, env_names, register_env
+    spec = env_spec("doom_basic")      # EnvSpec(name, family, frameskip, gamma, ...)
+    env = make_env(cfg, env_index=0)   # uses cfg.env, cfg.seed and the env parameters of sf_envs/params.py
+
+Families: doom_* (VizDoom), atari_<game> (ale-py), dmlab_<level> (DeepMind Lab), test_* (built-in, no
+package), gym:<id> or gym:<module>:<id> (any gymnasium env, adapted to the contract), and whatever users add
+with register_env(). Specs are built lazily per family: listing Doom envs imports nothing.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import gymnasium as gym
+
+from sf_envs.errors import EnvUnavailableError, UnknownEnvError
+from sf_envs.params import get_param
+
+__all__ = ["EnvSpec", "UnknownEnvError", "EnvUnavailableError", "env_spec", "env_names", "make_env", "register_env",
+           "unregister_env", "check_env_available"]
+
+FAMILIES_WITH_FRAMESKIP = ("doom", "atari", "dmlab")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    name: str
+    family: str  # doom | atari | dmlab | gym | test | a user's family
+    frameskip: int = 1  # env frames per sample
+    gamma: Optional[float] = None  # discount hint when the family's usual one does not fit (duel/deathmatch: 0.995)
+    description: str = ""
+    num_agents: int = 1  # agents per env instance (every built-in env has one)
+    factory: Optional[Callable] = field(default=None, repr=False, compare=False)  # factory(cfg, env_index, render_mode)
+    check: Optional[Callable] = field(default=None, repr=False, compare=False)  # check(cfg): raises EnvUnavailableError
+
+
+_USER: dict[str, EnvSpec] = {}
+_FAMILY_CACHE: dict[str, dict[str, EnvSpec]] = {}
+
+
+# --- built-in families ----------------------------------------------------------------------------
+def _doom_specs() -> dict[str, EnvSpec]:
+    from sf_envs.doom.scenarios import SCENARIOS
+
+    def factory_for(sc):
+        def factory(cfg, env_index=0, render_mode=None):
+            from sf_envs.doom.doom_env import DoomEnv
+            return DoomEnv(sc, cfg, env_index, render_mode)
+        return factory
+
+    def check_for(sc):
+        def check(cfg):
+            from sf_envs.doom.doom_env import scenario_path
+            scenario_path(sc, cfg)
+        return check
+
+    return {sc.name: EnvSpec(sc.name, "doom", sc.frameskip, sc.gamma, sc.description, factory=factory_for(sc),
+                             check=check_for(sc)) for sc in SCENARIOS}
+
+
+def _atari_specs() -> dict[str, EnvSpec]:
+    from sf_envs.atari.games import atari_games
+
+    def factory_for(game):
+        def factory(cfg, env_index=0, render_mode=None):
+            from sf_envs.atari.atari_env import AtariEnv
+            return AtariEnv(game, cfg, env_index, render_mode)
+        return factory
+
+    def check(cfg):
+        if importlib.util.find_spec("ale_py") is None:
+            raise EnvUnavailableError(f"env {getattr(cfg, 'env', 'atari_*')} needs ale-py (ROMs included): pip install ale-py")
+
+    return {f"atari_{g}": EnvSpec(f"atari_{g}", "atari", 4, None, f"Atari 2600 {g} (ALE)", factory=factory_for(g), check=check)
+            for g in atari_games()}
+
+
+def _dmlab_specs() -> dict[str, EnvSpec]:
+    from sf_envs.dmlab.levels import DMLAB_ENVS
+
+    def factory_for(name):
+        def factory(cfg, env_index=0, render_mode=None):
+            from sf_envs.dmlab.dmlab_env import make_dmlab_env
+            return make_dmlab_env(name, cfg, env_index, render_mode)
+        return factory
+
+    def check(cfg):
+        from sf_envs.dmlab.dmlab_env import check_dmlab
+        check_dmlab()
+
+    return {name: EnvSpec(name, "dmlab", 4, None, desc, factory=factory_for(name), check=check)
+            for name, desc in DMLAB_ENVS.items()}
+
+
+def _test_specs() -> dict[str, EnvSpec]:
+    from sf_envs.test_envs import TEST_ENVS
+    return {name: EnvSpec(name, "test", 1, None, cls.__doc__.strip().splitlines()[0],
+                          factory=(lambda c: lambda cfg, env_index=0, render_mode=None: c(cfg, env_index, render_mode))(cls))
+            for name, cls in TEST_ENVS.items()}
+
+
+_FAMILIES = {"doom_": _doom_specs, "atari_": _atari_specs, "dmlab_": _dmlab_specs, "test_": _test_specs}
+
+
+def _family(prefix: str) -> dict[str, EnvSpec]:
+    if prefix not in _FAMILY_CACHE:
+        _FAMILY_CACHE[prefix] = _FAMILIES[prefix]()
+    return _FAMILY_CACHE[prefix]
+
+
+def env_names() -> list[str]:
+    """Every registered name (users' first), without the open-ended gym:<id> family."""
+    names = list(_USER)
+    for prefix in _FAMILIES:
+        names += [n for n in _family(prefix) if n not in _USER]
+    return names
+
+
+# --- gym:<id> ---------------------------------------------------------------------------------------
+def _gym_spec(name: str) -> EnvSpec:
+    env_id = name[len("gym:"):]
+    if not env_id:
+        raise UnknownEnvError("gym: needs a gymnasium env id, e.g. gym:CartPole-v1 or gym:<module>:<EnvId>")
+    module, _, short_id = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UnknownEnvError(f"gym env {env_id!r}: cannot import module {module!r} ({e})") from None
+    elif short_id.startswith("ALE/") and importlib.util.find_spec("ale_py") is not None:
+        import ale_py
+        gym.register_envs(ale_py)
+    if short_id not in gym.registry:
+        close = difflib.get_close_matches(short_id, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join('gym:' + c for c in close)}?" if close else ""
+        raise UnknownEnvError(f"unknown gymnasium env id {short_id!r}{hint}")
+
+    def factory(cfg, env_index=0, render_mode=None):
+        from sf_envs.gym_env import make_gym_env
+        return make_gym_env(short_id, cfg, env_index, render_mode)
+
+    return EnvSpec(name, "gym", 1, None, f"gymnasium env {short_id}", factory=factory)
+
+
+# --- public API -------------------------------------------------------------------------------------
+_ALIASES = {"atari_montezuma": "atari_montezuma_revenge", "atari_asteroid": "atari_asteroids",
+            "atari_kongfumaster": "atari_kung_fu_master"}  # Sample Factory's Atari names that differ in more than '_'
+
+
+def _lookup(name: str) -> Optional[EnvSpec]:
+    if name in _USER:
+        return _USER[name]
+    if name.startswith("gym:"):
+        return _gym_spec(name)
+    for prefix in _FAMILIES:
+        if name.startswith(prefix):
+            fam = _family(prefix)
+            if name in fam:
+                return fam[name]
+            if prefix == "atari_":  # Sample Factory's names: atari_spaceinvaders -> atari_space_invaders
+                target = _ALIASES.get(name) or next((n for n in fam if n.replace("_", "") == name.replace("_", "")), None)
+                if target in fam:
+                    return fam[target]
+    return None
+
+
+def env_spec(name: str, cfg=None) -> EnvSpec:
+    """The spec of a registered env; raises UnknownEnvError (one line, with close matches).
+
+    With a cfg whose env_frameskip is set (Doom, Atari, DMLab), the returned frameskip is that override.
+    """
+    if not isinstance(name, str) or not name:
+        raise UnknownEnvError(f"env name must be a non-empty string (got {name!r})")
+    spec = _lookup(name)
+    if spec is None:
+        close = difflib.get_close_matches(name, env_names(), n=4, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UnknownEnvError(f"unknown env {name!r}{hint} (see sf_envs.registry.env_names(); gym:<id> wraps any "
+                              f"gymnasium env)")
+    fs = get_param(cfg, "env_frameskip") if cfg is not None else None
+    if fs and spec.family in FAMILIES_WITH_FRAMESKIP and int(fs) != spec.frameskip:
+        spec = replace(spec, frameskip=int(fs))
+    return spec
+
+
+def register_env(name: str, factory: Callable, family: str = "custom", frameskip: int = 1, gamma: Optional[float] = None,
+                 description: str = "", check: Optional[Callable] = None, overwrite: bool = False) -> EnvSpec:
+    """Add an env without editing the library. factory(cfg, env_index, render_mode) -> gymnasium.Env.
+
+    The env is adapted to the contract by make_env when needed: a non-Dict observation becomes {"obs": ...}
+    (HWC uint8 images become CHW), Tuple/MultiBinary actions become MultiDiscrete, and info["episode"] is
+    added at the end of each episode if the env does not report one itself.
+    """
+    if not isinstance(name, str) or not name or name.startswith("gym:"):
+        raise ValueError(f"invalid env name {name!r}")
+    if not callable(factory):
+        raise TypeError("factory must be callable: factory(cfg, env_index, render_mode) -> gymnasium.Env")
+    if not overwrite and _lookup(name) is not None:
+        raise ValueError(f"env {name!r} is already registered (pass overwrite=True to replace it)")
+    spec = EnvSpec(name, family, int(frameskip), gamma, description, factory=factory, check=check)
+    _USER[name] = spec
+    return spec
+
+
+def unregister_env(name: str) -> None:
+    _USER.pop(name, None)
+
+
+def check_env_available(cfg, name: Optional[str] = None) -> EnvSpec:
+    """Raise EnvUnavailableError (one line: what is missing and how to get it) when cfg.env cannot run here."""
+    spec = env_spec(name or cfg.env, cfg)
+    if spec.check is not None:
+        spec.check(cfg)
+    return spec
+
+
+def make_env(cfg, env_index: int = 0, render_mode: Optional[str] = None) -> gym.Env:
+    """An env of the contract for cfg.env. Raises UnknownEnvError / EnvUnavailableError (one line each)."""
+    if render_mode not in (None, "human", "rgb_array"):
+        raise ValueError(f"render_mode must be None, 'human' or 'rgb_array' (got {render_mode!r})")
+    spec = check_env_available(cfg)
+    env = spec.factory(cfg, env_index, render_mode)
+    if spec.name in _USER:  # users' envs: adapted to the contract (a no-op for envs that already follow it)
+        from sf_envs.gym_env import adapt_env
+        env = adapt_env(env, cfg, env_index, spec.frameskip)
+    return env
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,33 @@
+"""Small helpers shared by the env integrations."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+_single_threaded = False
+
+
+def single_threaded() -> None:
+    """Keep the libraries an env uses on one thread (rollout workers run many envs, one per core)."""
+    global _single_threaded
+    if _single_threaded:
+        return
+    try:
+        import cv2
+        cv2.setNumThreads(1)
+        cv2.ocl.setUseOpenCL(False)
+    except ImportError:
+        pass
+    _single_threaded = True
+
+
+def derive_seed(base_seed: Optional[int], env_index: int) -> Optional[int]:
+    """The seed of env `env_index` of a run seeded with `base_seed` (None: not seeded). 31-bit, well mixed."""
+    if base_seed is None:
+        return None
+    return int(np.random.SeedSequence([int(base_seed) & 0xFFFFFFFF, int(env_index)]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def cfg_seed(cfg) -> Optional[int]:
+    return getattr(cfg, "seed", None) if cfg is not None else None

@@ -1,0 +1,26 @@
+"""Helpers shared by the env tests (tests/envs)."""
+import gymnasium as gym
+import numpy as np
+
+
+def check_contract(env, steps=30):
+    """Spaces and step() of the env contract (docs/architecture.md)."""
+    assert isinstance(env.observation_space, gym.spaces.Dict) and "obs" in env.observation_space.spaces
+    assert set(env.observation_space.spaces) <= {"obs", "measurements"}
+    o_space = env.observation_space["obs"]
+    assert (o_space.dtype == np.uint8 and len(o_space.shape) == 3) or (o_space.dtype == np.float32 and len(o_space.shape) == 1)
+    if "measurements" in env.observation_space.spaces:
+        assert env.observation_space["measurements"].dtype == np.float32
+    assert isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box))
+    assert env.num_agents == 1
+    obs, info = env.reset(seed=1)
+    assert isinstance(info, dict)
+    for _ in range(steps):
+        for k, space in env.observation_space.spaces.items():
+            assert obs[k].shape == space.shape and obs[k].dtype == space.dtype, k
+        obs, r, terminated, truncated, info = env.step(env.action_space.sample())
+        assert isinstance(r, float) and isinstance(terminated, bool) and isinstance(truncated, bool)
+        if terminated or truncated:
+            if "episode" in info:
+                assert {"reward", "length"} <= set(info["episode"])
+            obs, _ = env.reset()

@@ -1,0 +1,218 @@
+"""VizDoom envs for real: spaces, reward scaling and info["episode"], measurements and heads, bots, data."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+vizdoom = pytest.importorskip("vizdoom", reason="vizdoom is not installed (pip install vizdoom)")
+
+from sf_envs.doom.fetch_scenarios import fetch, scenarios_dir  # noqa: E402
+from sf_envs.doom.scenarios import MEASUREMENT_NAMES, SCENARIOS_BY_NAME  # noqa: E402
+from sf_envs.errors import EnvUnavailableError  # noqa: E402
+from sf_envs.params import env_cfg  # noqa: E402
+from sf_envs.registry import env_spec, make_env  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+from env_test_helpers import check_contract  # noqa: E402
+
+pytestmark = pytest.mark.doom
+
+STANDARD = [n for n, s in SCENARIOS_BY_NAME.items() if not s.needs_fetch]
+FETCHED = [n for n, s in SCENARIOS_BY_NAME.items() if s.needs_fetch]
+
+
+@pytest.fixture(scope="session")
+def doom_data(tmp_path_factory):
+    """A directory with the Sample Factory scenario data: the configured one, else fetched now (needs PyPI)."""
+    d = scenarios_dir()
+    if (d / "battle.wad").is_file() and (d / "ssl2.wad").is_file():
+        return str(d)
+    d = tmp_path_factory.mktemp("doom_scenarios")
+    try:
+        fetch(d)
+    except RuntimeError as e:
+        pytest.skip(f"Doom scenario data not present and not fetchable here: {e}")
+    return str(d)
+
+
+def cfg_for(name, data=None, **kw):
+    return env_cfg(name, seed=kw.pop("seed", 1), doom_scenarios_dir=data, **kw)
+
+
+def run_episode(env, policy=None, max_steps=100_000):
+    rewards = []
+    obs, _ = env.reset()
+    for _ in range(max_steps):
+        obs, r, term, trunc, info = env.step(env.action_space.sample() if policy is None else policy(obs))
+        rewards.append(r)
+        if term or trunc:
+            return rewards, info, term, trunc
+    raise AssertionError("episode did not end")
+
+
+@pytest.mark.parametrize("name", STANDARD)
+def test_standard_scenarios_contract(name):
+    env = make_env(cfg_for(name))
+    assert env.observation_space["obs"].shape == (3, 72, 128)
+    assert "measurements" not in env.observation_space.spaces
+    check_contract(env, steps=20)
+    env.close()
+
+
+@pytest.mark.parametrize("name", FETCHED)
+def test_fetched_scenarios_contract(name, doom_data):
+    kw = dict(doom_bots_timelimit=0.2) if "bots" in name else {}
+    env = make_env(cfg_for(name, doom_data, **kw))
+    assert env.observation_space["obs"].shape == (3, 72, 128)
+    check_contract(env, steps=20)
+    env.close()
+
+
+def test_doom_basic_real_episode_reward_scaling():
+    env = make_env(cfg_for("doom_basic"), render_mode="rgb_array")
+    assert env.action_space.n == 4  # no-op, left, right, attack
+    assert env_spec("doom_basic").frameskip == env.frameskip == 4
+    frame = env.render()
+    for _ in range(3):
+        rewards, info, term, trunc = run_episode(env)
+        ep = info["episode"]
+        assert ep["length"] == 4 * len(rewards)
+        assert ep["reward"] == pytest.approx(sum(rewards))  # the training reward: game reward x 0.01
+        assert ep["reward"] == pytest.approx(0.01 * ep["score"])  # Sample Factory units vs the game's score
+        assert ep["score"] < 0 or ep["score"] > 50  # living reward -1/frame, +101 for the kill, -5 per shot
+    assert env.render().shape == (120, 160, 3)  # the game frame as rendered (for videos)
+    assert frame.shape == (120, 160, 3)
+    env.close()
+
+
+def test_doom_basic_policy_shoot_when_centered():
+    """A scripted aimer: the episode ends with the kill and a positive score."""
+    env = make_env(cfg_for("doom_basic"))
+
+    def aim(obs):
+        img = obs["obs"].astype(np.int32)
+        red = (img[0] - img[1] - img[2]) > 60  # the monster's reddish pixels
+        cols = np.nonzero(red[10:60].any(axis=0))[0]
+        if len(cols) == 0:
+            return 3
+        c = cols.mean()
+        return 3 if abs(c - 64) < 6 else (1 if c < 64 else 2)
+
+    scores = [run_episode(env, aim, 200)[1]["episode"]["score"] for _ in range(3)]
+    assert max(scores) > 50, scores
+    env.close()
+
+
+def test_full_variant_measurements_and_heads(doom_data):
+    env = make_env(cfg_for("doom_battle", doom_data))
+    assert list(env.action_space.nvec) == [3, 3, 2, 2, 11]  # move, strafe, attack, sprint, aim (battle's reduced set)
+    assert env.observation_space["measurements"].shape == (len(MEASUREMENT_NAMES),) == (23,)
+    env.reset()
+    obs, *_ = env.step(np.zeros(5, np.int64))  # at the reset tic the pistol is not drawn yet
+    m = obs["measurements"]
+    assert m.dtype == np.float32
+    assert m[MEASUREMENT_NAMES.index("health/30")] == pytest.approx(100 / 30)
+    assert m[MEASUREMENT_NAMES.index("selected_weapon")] == 2  # the pistol
+    assert m[MEASUREMENT_NAMES.index("weapon2_owned")] == 1
+    assert m[MEASUREMENT_NAMES.index("ammo2/15")] > 0
+    rewards, info, _, _ = run_episode(env)
+    ep = info["episode"]
+    assert ep["reward"] == pytest.approx(sum(rewards), abs=1e-6)
+    assert ep["score"] == int(ep["score"]) >= 0  # kills
+    env.close()
+
+    env = make_env(cfg_for("doom_duel_bots", doom_data, doom_bots_timelimit=0.2))
+    assert list(env.action_space.nvec) == [3, 3, 2, 2, 2, 8, 21]  # Table A.4: 12096 combinations
+    assert int(np.prod(env.action_space.nvec)) == 12096
+    assert env.action_heads == ["move", "strafe", "attack", "sprint", "use", "weapon", "aim"]
+    env.close()
+
+
+def test_action_conversion_table():
+    env = make_env(cfg_for("doom_deadly_corridor"))  # heads: turn, move, strafe, attack
+    b = env.buttons
+    vec = env._convert_action(np.array([1, 2, 2, 1]))
+    assert vec[b.index("TURN_LEFT")] == 1 and vec[b.index("MOVE_BACKWARD")] == 1 and vec[b.index("MOVE_RIGHT")] == 1
+    assert vec[b.index("ATTACK")] == 1 and sum(vec) == 4
+    assert sum(env._convert_action(np.array([0, 0, 0, 0]))) == 0
+    from sf_envs.doom.scenarios import AIM_FULL
+    deltas = [dict(opt).get("TURN_LEFT_RIGHT_DELTA", 0.0) for opt in AIM_FULL[1]]
+    assert deltas[0] == -12.5 and deltas[-1] == 12.5 and deltas[10] == 0.0 and np.allclose(np.diff(deltas), 1.25)
+
+
+def test_seeded_episodes_are_deterministic():
+    def trace(seed):
+        env = make_env(cfg_for("doom_defend_the_center", seed=seed))
+        env.action_space.seed(0)
+        obs, _ = env.reset()
+        out = [obs["obs"]]
+        for _ in range(60):
+            obs, r, term, trunc, _ = env.step(env.action_space.sample())
+            out.append(obs["obs"])
+            if term or trunc:
+                break
+        env.close()
+        return np.stack(out)
+    a, b, c = trace(3), trace(3), trace(4)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert not np.array_equal(trace(None), trace(None))  # unseeded envs get fresh entropy, not one shared seed
+
+
+def test_reward_shaping_coefficients_are_parameters(doom_data):
+    """Health pickups/losses change the battle reward by exactly the configured coefficients."""
+    from sf_envs.doom.doom_env import DoomRewardShaper
+    idx = {"HEALTH": 0, "AMMO2": 1, "SELECTED_WEAPON": 2, "SELECTED_WEAPON_AMMO": 3, "DEAD": 4, "FRAGCOUNT": 5,
+           "DEATHCOUNT": 6, "DAMAGECOUNT": 7}
+    cfg = env_cfg("doom_duel_bots", doom_rew_health_gain=0.5, doom_rew_frag=3.0, doom_rew_weapon_hold=0.0)
+    s = DoomRewardShaper(cfg, "deathmatch", idx)
+    v = np.array([50, 20, 2, 20, 0, 0, 0, 0], float)
+    s.reset(v)
+    assert s.step(np.array([60, 20, 2, 20, 0, 0, 0, 0], float), False) == pytest.approx(10 * 0.5)
+    assert s.step(np.array([60, 20, 2, 20, 0, 1, 0, 0], float), False) == pytest.approx(3.0)
+    assert s.step(np.array([60, 18, 2, 18, 0, 1, 0, 0], float), False) == pytest.approx(-2 * 0.0001)  # ammo spent
+    assert s.step(np.array([0, 18, 2, 18, 1, 1, 1, 0], float), False) == pytest.approx(-60 * 0.003 - 0.75)  # died
+    assert s.step(np.array([100, 50, 2, 50, 0, 1, 1, 0], float), False) == 0.0  # respawn: no reward for the refill
+    assert s.step(np.array([100, 50, 2, 50, 0, 1, 1, 500], float), False) == pytest.approx(200 * 0.003)  # capped
+    assert s.step(np.array([90, 50, 2, 50, 0, 1, 1, 500], float), True) == 0.0  # nothing on the last step
+    hold = DoomRewardShaper(env_cfg("doom_battle"), "battle", idx)
+    hold.reset(v)
+    got = [hold.step(v, False) for _ in range(6)]
+    assert got[:3] == [0.0] * 3 and got[-1] == pytest.approx(0.0002)  # pistol held 5+ steps: bonus x preference 1
+
+
+def test_bots_difficulty_and_count(doom_data):
+    env = make_env(cfg_for("doom_deathmatch_bots", doom_data, doom_num_bots=2, doom_bots_difficulty=10,
+                           doom_bots_timelimit=0.1))
+    env.reset()
+    for _ in range(5):
+        obs, *_ = env.step(env.action_space.sample())
+    assert obs["measurements"][MEASUREMENT_NAMES.index("player_count/5")] == pytest.approx(3 / 5)
+    rewards, info, term, trunc = run_episode(env)
+    assert term and not trunc and info["episode"]["length"] == 2 * len(rewards)  # the match ends at its time limit
+    env.close()
+    with pytest.raises(ValueError, match="0..100"):
+        make_env(cfg_for("doom_duel_bots", doom_data, doom_bots_difficulty=101))
+
+
+def test_missing_scenario_data_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("SF_DOOM_SCENARIOS", raising=False)
+    cfg = cfg_for("doom_battle", str(tmp_path / "empty"))
+    with pytest.raises(EnvUnavailableError) as e:
+        make_env(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and "python -m sf_envs.doom.fetch_scenarios" in msg and "battle" in msg
+    # the environment variable is the fallback when the flag is not set
+    monkeypatch.setenv("SF_DOOM_SCENARIOS", str(tmp_path / "via_env"))
+    with pytest.raises(EnvUnavailableError, match="via_env"):
+        make_env(cfg_for("doom_two_colors_easy", None))
+
+
+def test_train_py_reports_missing_data_in_one_line(tmp_path):
+    env = dict(os.environ, SF_DOOM_SCENARIOS=str(tmp_path / "nothing_here"))
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), "--env", "doom_battle", "--train_dir", str(tmp_path),
+                          "--device", "cpu"], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert len(lines) == 1 and "fetch_scenarios" in lines[0], res.stderr
