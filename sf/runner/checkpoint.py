@@ -375,8 +375,9 @@ class CheckpointManager:
                 except Exception as e:  # noqa: BLE001 - any failure to read the file means: try the previous one
                     failures[path] = _describe(e)
                     following = candidates[i + 1] if i + 1 < len(candidates) else None
-                    self.log.warning("Checkpoint %s is unreadable (%s); %s", path, failures[path],
-                                     f"falling back to {following.name}" if following else "no older checkpoint to fall back to")
+                    if following is not None:  # with nothing to fall back to, the CheckpointError below says it all
+                        self.log.warning("Checkpoint %s is unreadable (%s); falling back to %s", path, failures[path],
+                                         following.name)
                     continue
                 state["path"] = str(path)
                 return state

@@ -250,6 +250,7 @@ class Runner:
                 signal.signal(s, h)
             self._drain_reports()
             self._update_frames()
+            self._log_progress(start)  # a final report line, however short the run
             self.stats.write_summaries()
             self.stats.close()
             self.close_queues()

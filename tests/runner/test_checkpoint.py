@@ -239,7 +239,8 @@ def test_all_corrupted_raises_one_line_error(tmp_path, caplog):
         mgr.load("latest")
     msg = str(e.value)
     assert "\n" not in msg and "checkpoint_000000002_2.pth" in msg and str(mgr.dir) in msg
-    assert sum(r.levelno == logging.WARNING for r in caplog.records) == 2
+    # one warning for the fallback from 2 to 1; the last failure has nothing to fall back to: the error says it
+    assert sum(r.levelno == logging.WARNING for r in caplog.records) == 1
 
     mgr.save_best(small_state(3, 3), 3, 3, 1.0)
     _corrupt_truncate(mgr.best())
