@@ -69,7 +69,7 @@ class VideoWriter:
 
 def run_enjoy(cfg) -> int:
     device = torch.device(resolve_device(cfg))
-    spec = env_spec(cfg.env)
+    spec = env_spec(cfg.env, cfg)
     try:
         env = make_env(cfg, env_index=0, render_mode=_render_mode(cfg))
     except (ImportError, FileNotFoundError, ValueError) as e:
@@ -87,7 +87,6 @@ def run_enjoy(cfg) -> int:
     frames = 0
     rnn = torch.zeros((1, model.rnn_state_size), device=device)
     obs, _ = env.reset(seed=cfg.seed)
-    ep_reward, ep_len = 0.0, 0
     try:
         while len(rewards) < cfg.max_num_episodes and frames < cfg.max_num_frames:
             if video is not None and video.frames < cfg.video_frames:
@@ -101,20 +100,18 @@ def run_enjoy(cfg) -> int:
             if action.shape == (1,) and env.action_space.shape == ():
                 action = action[0]
             obs, reward, terminated, truncated, info = env.step(action)
-            ep_reward += float(reward)
-            ep_len += 1
             frames += spec.frameskip
             if _render_mode(cfg) == "human" and cfg.fps:
                 time.sleep(1.0 / cfg.fps)
             if terminated or truncated:
-                ep = info.get("episode", {"reward": ep_reward, "length": ep_len * spec.frameskip})
-                rewards.append(float(ep["reward"]))
-                lengths.append(int(ep["length"]))
-                extra = f", score {ep['score']:.2f}" if "score" in ep else ""
-                print(f"Episode {len(rewards)}: reward {rewards[-1]:.3f}, length {lengths[-1]} frames{extra}")
+                if "episode" in info:  # every env reports real episode ends (not Atari life losses) here
+                    ep = info["episode"]
+                    rewards.append(float(ep["reward"]))
+                    lengths.append(int(ep["length"]))
+                    extra = f", score {ep['score']:.2f}" if "score" in ep else ""
+                    print(f"Episode {len(rewards)}: reward {rewards[-1]:.3f}, length {lengths[-1]} frames{extra}")
                 rnn = torch.zeros_like(rnn)
                 obs, _ = env.reset()
-                ep_reward, ep_len = 0.0, 0
     except KeyboardInterrupt:
         pass
     finally:

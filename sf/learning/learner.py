@@ -43,7 +43,7 @@ class Learner:
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=0, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric)
-        self.frames_per_traj = cfg.rollout * env_spec(cfg.env).frameskip
+        self.frames_per_traj = cfg.rollout * env_spec(cfg.env, cfg).frameskip
         self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
         self.version, self.env_steps = 0, 0
         self.pending: list[int] = []

@@ -26,7 +26,6 @@ from sf.cfg import ConfigError, experiment_dir, resolve_device, save_cfg
 from sf.ipc import Queue
 from sf.learning.learner import Learner, checkpoint_meta, run_learner
 from sf.model.actor_critic import create_actor_critic
-from sf.model.action_spaces import num_action_logits
 from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible
 from sf.runner.shared_state import ENV_STEPS, FINISHED, SharedState
 from sf.runner.stats import RunStats
@@ -86,7 +85,7 @@ class Runner:
     def __init__(self, cfg, exp_dir: Path):
         self.cfg, self.exp_dir = cfg, exp_dir
         self.device = resolve_device(cfg)
-        self.spec = env_spec(cfg.env)
+        self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space = probe_env(cfg)
         model = create_actor_critic(cfg, self.obs_space, self.action_space)
         self.check_checkpoint(checkpoint_meta(cfg, self.obs_space, self.action_space, model))

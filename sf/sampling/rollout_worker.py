@@ -31,7 +31,7 @@ class RolloutWorker:
         self.buffers, self.env_slots, self.q, self.state = buffers, env_slots, queues, shared_state
         self.num_envs = cfg.num_envs_per_worker
         self.group_size = self.num_envs // cfg.worker_num_splits
-        self.frameskip = env_spec(cfg.env).frameskip
+        self.frameskip = env_spec(cfg.env, cfg).frameskip
         self.T = cfg.rollout
         # numpy views of the shared tensors: the env-step loop is plain numpy, no torch dispatch per step.
         self.obs_np = {k: v.numpy() for k, v in buffers.obs.items()}
@@ -46,8 +46,6 @@ class RolloutWorker:
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
         self.slot = np.zeros(self.num_envs, dtype=np.int64)
         self.t = np.zeros(self.num_envs, dtype=np.int64)
-        self.ep_reward = np.zeros(self.num_envs)
-        self.ep_len = np.zeros(self.num_envs, dtype=np.int64)
         self.episodes: list[dict] = []
         self.last_report = time.time()
         self.frames = 0
@@ -111,13 +109,11 @@ class RolloutWorker:
                 obs, reward, terminated, truncated, info = self.envs[e].step(action)
                 done = terminated or truncated
                 if done:
-                    self._episode_end(e, info, reward)
+                    if "episode" in info:  # a real episode end (an Atari life loss is done without one)
+                        self.episodes.append({k: float(v) for k, v in info["episode"].items()})
                     obs, _ = self.envs[e].reset()
             except Exception as ex:
                 raise RuntimeError(f"env {e} ({self.cfg.env}) of rollout worker {self.w} raised: {ex!r}") from ex
-            if not done:
-                self.ep_reward[e] += reward
-                self.ep_len[e] += 1
             self.rewards_np[slot, t] = reward
             self.dones_np[slot, t] = float(done)
             t += 1
@@ -139,14 +135,6 @@ class RolloutWorker:
         if finished_slots:
             self.q.learner.put_many(finished_slots)
         self.q.policy.put((self.w, g))
-
-    def _episode_end(self, e: int, info: dict, last_reward: float) -> None:
-        ep = info.get("episode")
-        if ep is None:  # envs without their own report: training reward and length in env frames
-            ep = {"reward": float(self.ep_reward[e] + last_reward), "length": int((self.ep_len[e] + 1) * self.frameskip)}
-        self.episodes.append({k: float(v) for k, v in ep.items()})
-        self.ep_reward[e] = 0.0
-        self.ep_len[e] = 0
 
     def _maybe_report(self, force: bool = False) -> None:
         now = time.time()
