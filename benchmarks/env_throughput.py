@@ -11,27 +11,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
+from common import machine  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
 
 
 def _random_actions(space, rng, n):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
-import platform
 import statistics
 import sys
 import time
@@ -26,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sf.ipc import Empty as SfEmpty  # noqa: E402
 from sf.ipc import Queue as SfQueue  # noqa: E402
+
+from common import machine  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 try:
     import faster_fifo
@@ -142,19 +142,6 @@ def run_once(variant: str, pattern: str, msg, duration: float, messages: int) ->
         q.join_thread()
     total = sum(counts)
     return total / max(max(ends) - t0, 1e-9)
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {cpu}, Linux {platform.release()}, Python {platform.python_version()}"
 
 
 def fmt_rate(x: float) -> str:

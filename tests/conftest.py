@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "tests"):  # the package, and shared helpers such as tests/model_test_helpers.py
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 
 def run_entry(script: str, *args, timeout: float = 120, env=None, cwd=None) -> subprocess.CompletedProcess:
@@ -21,3 +22,13 @@ def run_entry(script: str, *args, timeout: float = 120, env=None, cwd=None) -> s
 @pytest.fixture(scope="session")
 def entry():
     return run_entry
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """In-process tests use tiny models: one torch thread is faster and robust to a busy shared machine."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

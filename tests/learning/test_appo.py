@@ -5,7 +5,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from learning_helpers import DOOM_FULL_ACTIONS, DOOM_FULL_OBS, DOOM_OBS, VECTOR_OBS, make_cfg, random_experience
+from model_test_helpers import DOOM_FULL_ACTIONS, DOOM_FULL_OBS, DOOM_OBS, VECTOR_OBS, make_cfg, random_experience
 from sf.learning.appo import APPO, STAT_KEYS
 from sf.model.actor_critic import create_actor_critic
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from gymnasium import spaces
 
-from model_helpers import ATARI_OBS, DOOM_FULL_ACTIONS, DOOM_FULL_OBS, DOOM_OBS, VECTOR_OBS, make_cfg, make_obs
+from model_test_helpers import ATARI_OBS, DOOM_FULL_ACTIONS, DOOM_FULL_OBS, DOOM_OBS, VECTOR_OBS, make_cfg, make_obs
 from sf.model.actor_critic import create_actor_critic
 from sf.model.encoders import ConvEncoder
 

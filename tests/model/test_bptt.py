@@ -3,7 +3,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from model_helpers import VECTOR_OBS, make_cfg, make_obs
+from model_test_helpers import VECTOR_OBS, make_cfg, make_obs
 from sf.model.actor_critic import create_actor_critic
 from sf.model.cores import chunk_starts
 

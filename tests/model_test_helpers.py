@@ -1,4 +1,4 @@
-"""Helpers for tests/learning: a small cfg and synthetic observation/action spaces and batches."""
+"""Helpers for tests/model and tests/learning: a small cfg and synthetic observation/action spaces and batches."""
 from __future__ import annotations
 
 import types
