@@ -261,14 +261,15 @@ class Runner:
         self.stats.add_frames(int(self.state.worker_frames.sum()))
 
     def _log_progress(self, start: float) -> None:
+        """The report line, with a progress bar and ETA toward whichever budget is closer to its end."""
         line = self.stats.report_line()
-        done = int(self.state.learner[ENV_STEPS]) / self.cfg.train_for_env_steps
-        elapsed = time.time() - start
-        done = max(done, elapsed / self.cfg.train_for_seconds)
-        if done > 0 and (self.cfg.train_for_env_steps < 10**10 or self.cfg.train_for_seconds < 10**10):
-            eta = elapsed * (1 - done) / max(done, 1e-9)
-            bar = "#" * int(20 * min(done, 1)) + "." * (20 - int(20 * min(done, 1)))
-            line += f" [{bar}] {100 * min(done, 1):.0f}% ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+        cfg, elapsed = self.cfg, time.time() - start
+        steps, first = int(self.state.learner[ENV_STEPS]), self.stats.start_frames  # a resumed run starts at `first`
+        done = max((steps - first) / max(cfg.train_for_env_steps - first, 1), elapsed / cfg.train_for_seconds)
+        if done >= 0.01:  # earlier, the rate (start-up included) says nothing yet
+            eta = elapsed * max(1 - done, 0) / done
+            filled = int(20 * min(done, 1))
+            line += f" [{'#' * filled}{'.' * (20 - filled)}] {100 * min(done, 1):.0f}% ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
         log.info(line)
 
     def stop_processes(self) -> None:
