@@ -50,7 +50,11 @@ def prepare_experiment_dir(cfg) -> Path:
     """--restart_behavior: resume keeps the directory, restart moves it aside, overwrite deletes it."""
     exp_dir = experiment_dir(cfg)
     if exp_dir.exists() and cfg.restart_behavior == "restart":
-        aside = exp_dir.with_name(f"{exp_dir.name}_old_{time.strftime('%Y%m%d_%H%M%S')}")
+        stamp, n = time.strftime("%Y%m%d_%H%M%S"), 0
+        aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}")
+        while aside.exists():  # two restarts within a second
+            n += 1
+            aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}_{n}")
         exp_dir.rename(aside)
         print(f"Moved the old experiment directory to {aside}")
     elif exp_dir.exists() and cfg.restart_behavior == "overwrite":

@@ -21,3 +21,6 @@ def test_restart_behaviors(tmp_path):
     exp = prepare_experiment_dir(_cfg(tmp_path, "overwrite"))
     assert exp.exists() and not (exp / "marker").exists()
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("exp_old_")]) == 1
+    prepare_experiment_dir(_cfg(tmp_path, "restart"))
+    prepare_experiment_dir(_cfg(tmp_path, "restart"))  # within the same second: a distinct name, nothing lost
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("exp_old_")]) == 3
