@@ -81,7 +81,11 @@ def test_doom_basic_real_episode_reward_scaling():
         assert ep["length"] == 4 * len(rewards)
         assert ep["reward"] == pytest.approx(sum(rewards))  # the training reward: game reward x 0.01
         assert ep["reward"] == pytest.approx(0.01 * ep["score"])  # Sample Factory units vs the game's score
-        assert ep["score"] < 0 or ep["score"] > 50  # living reward -1/frame, +101 for the kill, -5 per shot
+        # The score decomposes as +101 for the kill, -1 per frame lived, -5 per missed shot (at most one per
+        # step); the frame count is off by a few around the kill, hence the slack of 5.
+        shots_and_slack = ep["score"] - 101 * term + ep["length"]
+        assert -5 * len(rewards) - 5 <= shots_and_slack <= 5, (term, ep)
+        assert term or (trunc and ep["length"] == 300 and ep["score"] < 0)  # timeout: 300 frames, no kill
     assert env.render().shape == (120, 160, 3)  # the game frame as rendered (for videos)
     assert frame.shape == (120, 160, 3)
     env.close()
