@@ -2,7 +2,12 @@
 """Learning benchmark: doom_basic average episode reward against env frames and wall time.
 
 Target (issue 5): average reward (scenario reward x 0.01, Sample Factory's units) >= 0.75 within
-600k env frames, with the default doom configuration on this machine.
+600k env frames, with the doom_basic preset of configs/doom.json (feed-forward model, 4 epochs x 4
+minibatches of 128 samples per training batch, lr 3e-4) on this machine. `--extra` passes more train.py
+flags, e.g. the paper's setup for comparison:
+
+    python benchmarks/learning_doom_basic.py --extra --use_rnn True --batch_size 2048 --num_batches_per_epoch 1 \
+        --num_epochs 1 --learning_rate 1e-4 --exploration_loss_coeff 0.003 --num_envs_per_worker 16
 
     python benchmarks/learning_doom_basic.py --frames 600000 --num_workers 2
 """

@@ -24,9 +24,12 @@ def test_enjoy_help_lists_enjoy_flags(entry):
 
 
 def test_layers_preset_then_command_line(tmp_path):
-    cfg = parse_cfg(["--env", "doom_basic", "--train_dir", str(tmp_path)])
+    cfg = parse_cfg(["--env", "doom_battle", "--train_dir", str(tmp_path)])
     assert cfg.batch_size == 2048 and cfg.num_envs_per_worker == 16  # configs/doom.json over the table
-    assert cfg.experiment == "doom_basic"
+    assert cfg.experiment == "doom_battle"
+    cfg = parse_cfg(["--env", "doom_basic", "--train_dir", str(tmp_path)])
+    assert cfg.batch_size == 128 and cfg.num_epochs == 4 and cfg.use_rnn is False  # its "envs" entry over "defaults"
+    assert cfg.rollout == 32  # from "defaults"
     cfg = parse_cfg(["--env", "doom_basic", "--train_dir", str(tmp_path), "--batch_size", "512", "--use_rnn", "False"])
     assert cfg.batch_size == 512 and cfg.use_rnn is False
 
@@ -51,7 +54,7 @@ def test_saved_config_is_resumed_and_flags_override(tmp_path):
     (["--env", "doom_basic", "--batch_size", "-5"], "--batch_size"),
     (["--env", "doom_basic", "--num_envs_per_worker", "5", "--worker_num_splits", "2"], "--worker_num_splits"),
     (["--env", "doom_basic", "--batch_size", "1000", "--rollout", "32"], "multiple of --rollout"),
-    (["--env", "doom_basic", "--rollout", "32", "--recurrence", "5"], "--recurrence"),
+    (["--env", "doom_battle", "--rollout", "32", "--recurrence", "5"], "--recurrence"),
     (["--env", "doom_basic", "--device", "cuda"], "CUDA"),
     (["--env", "doom_basic", "--train_dir", "/etc/hostname/sub"], "--train_dir"),
     (["--env", "doom_basic", "--num_wokers", "2"], "--num_workers"),  # unknown flag, with a suggestion

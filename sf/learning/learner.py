@@ -3,8 +3,10 @@
 The batcher thread takes full trajectory slots from the learner queue until it has one training batch
 (`batch_size * num_batches_per_epoch / rollout` trajectories), copies them out of shared memory onto
 the device and returns the slots to the free list at once. It hands batches to the training loop through
-a one-element queue: while one batch trains and one waits, the batcher stops taking slots, the free list
-runs dry and rollout workers pause (backpressure) instead of memory growing or experience going stale.
+a one-element queue, and copies a batch out only while that queue is empty: while one batch trains and one
+waits, the batcher stops taking slots, the free list runs dry and rollout workers pause (backpressure)
+instead of memory growing or experience going stale. At most one batch trains, one waits and the spare
+slots fill: policy lag stays within about three training batches' worth of SGD steps.
 
 The learner owns the model and optimizer, so it also writes the checkpoints (periodic, best, final).
 """
@@ -128,6 +130,9 @@ class Learner:
 
         def batcher():
             while not stop.is_set():
+                if batches.full():  # copy a batch out only when the trainer has room for it: fresher experience
+                    time.sleep(0.005)
+                    continue
                 exp = self.collect(timeout=0.1)
                 while exp is not None and not stop.is_set():
                     try:

@@ -24,3 +24,20 @@ def check_contract(env, steps=30):
             if "episode" in info:
                 assert {"reward", "length"} <= set(info["episode"])
             obs, _ = env.reset()
+
+
+def observation_trace(env, steps: int, stop_at_episode_end: bool) -> np.ndarray:
+    """[steps+1 (or fewer), *obs_shape] frames of `env` under random actions from an action space seeded with 0;
+    at an episode end it stops or resets. Closes the env."""
+    env.action_space.seed(0)
+    obs, _ = env.reset()
+    out = [obs["obs"]]
+    for _ in range(steps):
+        obs, r, term, trunc, _ = env.step(env.action_space.sample())
+        out.append(obs["obs"])
+        if term or trunc:
+            if stop_at_episode_end:
+                break
+            obs, _ = env.reset()
+    env.close()
+    return np.stack(out)

@@ -8,7 +8,7 @@ from sf_envs.atari.games import atari_games  # noqa: E402
 from sf_envs.params import env_cfg  # noqa: E402
 from sf_envs.registry import env_names, make_env  # noqa: E402
 
-from env_test_helpers import check_contract  # noqa: E402
+from env_test_helpers import check_contract, observation_trace  # noqa: E402
 
 pytestmark = pytest.mark.atari
 
@@ -70,16 +70,7 @@ def test_clipped_training_reward_and_full_game_return():
 
 def test_seeded_games_are_deterministic():
     def trace(seed):
-        env = make_env(env_cfg("atari_breakout", seed=seed))
-        env.action_space.seed(0)
-        obs, _ = env.reset()
-        out = [obs["obs"]]
-        for _ in range(100):
-            obs, r, term, trunc, _ = env.step(env.action_space.sample())
-            out.append(obs["obs"])
-            if term or trunc:
-                obs, _ = env.reset()
-        return np.stack(out)
+        return observation_trace(make_env(env_cfg("atari_breakout", seed=seed)), 100, stop_at_episode_end=False)
     assert np.array_equal(trace(1), trace(1))
     assert not np.array_equal(trace(1), trace(2))
 

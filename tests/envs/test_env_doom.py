@@ -15,7 +15,7 @@ from sf_envs.params import env_cfg  # noqa: E402
 from sf_envs.registry import env_spec, make_env  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
-from env_test_helpers import check_contract  # noqa: E402
+from env_test_helpers import check_contract, observation_trace  # noqa: E402
 
 pytestmark = pytest.mark.doom
 
@@ -148,17 +148,7 @@ def test_action_conversion_table():
 
 def test_seeded_episodes_are_deterministic():
     def trace(seed):
-        env = make_env(cfg_for("doom_defend_the_center", seed=seed))
-        env.action_space.seed(0)
-        obs, _ = env.reset()
-        out = [obs["obs"]]
-        for _ in range(60):
-            obs, r, term, trunc, _ = env.step(env.action_space.sample())
-            out.append(obs["obs"])
-            if term or trunc:
-                break
-        env.close()
-        return np.stack(out)
+        return observation_trace(make_env(cfg_for("doom_defend_the_center", seed=seed)), 60, stop_at_episode_end=True)
     a, b, c = trace(3), trace(3), trace(4)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     assert not np.array_equal(trace(None), trace(None))  # unseeded envs get fresh entropy, not one shared seed

@@ -78,11 +78,11 @@ def test_trains_test_env_and_reports(tmp_path, entry, serial):
 def test_trains_doom_basic(tmp_path, entry):
     pytest.importorskip("vizdoom")
     res = entry("train.py", "--env", "doom_basic", "--experiment", "e2e", "--train_dir", str(tmp_path), "--num_workers", "2",
-                "--num_envs_per_worker", "4", "--batch_size", "256", "--rnn_size", "64", "--hidden_size", "64",
+                "--num_envs_per_worker", "4", "--batch_size", "64", "--hidden_size", "64",  # preset: 4 epochs x 4 minibatches
                 "--train_for_env_steps", "4000", "--device", "cpu", "--experiment_summaries_interval", "1", timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     scalars = read_event_scalars(tmp_path / "e2e")
-    assert max(v for _, v in scalars["train/policy_version"]) >= 2
+    assert max(v for _, v in scalars["train/policy_version"]) >= 16  # 16 SGD steps per training batch
     assert "train/policy_lag_avg" in scalars
 
 
