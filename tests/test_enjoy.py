@@ -60,10 +60,11 @@ def test_enjoy_errors(trained, entry, tmp_path):
     _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "nope", "--train_dir", trained), "does not exist")
     (tmp_path / "empty").mkdir()
     _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "empty", "--train_dir", tmp_path), "no latest checkpoint")
+    # --max_num_episodes 1: a mismatch that went unnoticed fails the assertion instead of playing on until the timeout
     _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", trained,
-                          "--rnn_size", "16"), "checkpoint")
-    _one_line_error(entry("enjoy.py", "--env", "doom_defend_the_center", "--experiment", "tiny", "--train_dir", trained),
-                    "checkpoint")  # another env's action space
+                          "--hidden_size", "16", "--max_num_episodes", "1"), "checkpoint")
+    _one_line_error(entry("enjoy.py", "--env", "doom_defend_the_center", "--experiment", "tiny", "--train_dir", trained,
+                          "--max_num_episodes", "1"), "checkpoint")  # another env's action space
     import shutil
     broken = tmp_path / "broken"
     shutil.copytree(trained / "tiny", broken)
