@@ -30,6 +30,9 @@ ENV_PARAMS: list[dict] = [
     _p("doom_bots_difficulty", int, None, "Skill (0-100: aiming, perfection, reaction, isp) of the in-game bots of "
        "doom_*_bots; None: VizDoom's default bot roster (mixed skills)", min_value=0),
     _p("doom_num_bots", int, None, "Number of in-game bots in doom_*_bots (None: 1 for duel, 7 for deathmatch)", min_value=0),
+    _p("doom_restart_engine_steps", int, 500_000, "Restart an env's VizDoom engine at the first episode end after this "
+       "many steps: the engine process grows by 5-20 bytes a step whatever the wrapper does (ViZDoom issue #484), "
+       "so this bounds each engine's growth at a few MiB; 0: never", min_value=0),
     _p("doom_bots_timelimit", float, 4.0, "Match length in minutes of game time for doom_*_bots", min_value=0.1),
     _p("doom_rew_frag", float, 1.0, "Reward per frag (duel/deathmatch)"),
     _p("doom_rew_suicide", float, 1.5, "Penalty per lost frag (suicide) (duel/deathmatch)"),

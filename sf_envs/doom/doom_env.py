@@ -181,6 +181,10 @@ class DoomEnv(gym.Env):
 
         self.game = None
         self._rng_seed = derive_seed(cfg_seed(cfg), env_index)
+        self._restart_steps = int(get_param(cfg, "doom_restart_engine_steps"))
+        self._engine_steps = 0  # agent steps of the running engine
+        self._engine_restarts = 0
+        self._restart_seeds = None  # np.random.Generator of a seeded env: the seeds of its restarted engines
         self._pending_seed: Optional[int] = None
         self._episodes = 0
         self._screen = np.zeros((RENDER_H, RENDER_W, 3), np.uint8)
@@ -225,6 +229,15 @@ class DoomEnv(gym.Env):
         except Exception as e:  # vizdoom raises its own exception types
             raise RuntimeError(f"VizDoom failed to start {self.scenario.name} ({self.config_path}): {e}") from e
         self.game = game
+        self._engine_steps = 0
+
+    def _restart_engine(self) -> None:
+        """A fresh engine process for the next episode (between episodes, so no episode is cut short); a seeded env
+        seeds it from its own generator, so seeded runs stay reproducible across restarts."""
+        self.close()
+        self._engine_restarts += 1
+        if self._pending_seed is None and self._restart_seeds is not None:
+            self._pending_seed = int(self._restart_seeds.integers(2**31))
 
     def _take_seed(self) -> Optional[int]:
         seed = self._pending_seed if self._pending_seed is not None else self._rng_seed
@@ -284,6 +297,11 @@ class DoomEnv(gym.Env):
         super().reset(seed=seed)
         if seed is not None:
             self._pending_seed = seed
+            self._restart_seeds = np.random.default_rng(seed)
+        elif self._restart_seeds is None and self._rng_seed is not None:
+            self._restart_seeds = np.random.default_rng(self._rng_seed)
+        if self.game is not None and self._restart_steps and self._engine_steps >= self._restart_steps:
+            self._restart_engine()
         if self.game is None:
             self._start_game()  # init() starts the first episode
         else:
@@ -314,6 +332,7 @@ class DoomEnv(gym.Env):
     def step(self, action):
         game = self.game
         game_reward = game.make_action(self._convert_action(action), self.frameskip)
+        self._engine_steps += 1
         finished = game.is_episode_finished()
         if not finished:
             self._read_state()

@@ -154,6 +154,36 @@ def test_seeded_episodes_are_deterministic():
     assert not np.array_equal(trace(None), trace(None))  # unseeded envs get fresh entropy, not one shared seed
 
 
+def test_engine_restarts_between_episodes_and_stays_seeded():
+    """--doom_restart_engine_steps: a fresh engine process at an episode end once the budget is spent, the old one
+    gone (no orphan), episodes whole, and a seeded env's frames identical from run to run across restarts."""
+    import psutil
+    me = psutil.Process()
+
+    def engines():
+        return [p.pid for p in me.children() if p.name() == "vizdoom"]
+
+    env = make_env(cfg_for("doom_basic", seed=5, doom_restart_engine_steps=40))
+    env.action_space.seed(0)
+    env.reset()
+    pids, lengths, steps = {engines()[0]}, [], 0
+    while len(lengths) < 12:
+        _, _, term, trunc, info = env.step(env.action_space.sample())
+        steps += 1
+        if term or trunc:
+            lengths.append(info["episode"]["length"])
+            env.reset()
+            alive = engines()
+            assert len(alive) == 1, alive  # the replaced engine has exited
+            pids.add(alive[0])
+    env.close()
+    assert len(pids) - 1 == env._engine_restarts >= 3
+    assert all(0 < n <= 300 for n in lengths)  # doom_basic's 300-frame episodes, none cut by a restart
+    trace = lambda: observation_trace(make_env(cfg_for("doom_basic", seed=5, doom_restart_engine_steps=40)),  # noqa: E731
+                                      steps, stop_at_episode_end=False)
+    assert np.array_equal(trace(), trace())
+
+
 def test_reward_shaping_coefficients_are_parameters(doom_data):
     """Health pickups/losses change the battle reward by exactly the configured coefficients."""
     from sf_envs.doom.doom_env import DoomRewardShaper
