@@ -4,6 +4,7 @@
 Prints, per process, RSS in the first sample after warm-up, at the middle and at the end, and the growth
 between the first and the last; plus the total. Shared trajectory buffers are counted in each process's
 RSS once touched (USS, the memory private to a process, is shown too: that is what would reveal a leak).
+Processes an env starts (VizDoom's game engines) are summed in a row under the worker that owns them.
 
     python benchmarks/memory_soak.py --env doom_battle --minutes 20 --num_workers 2
 """
@@ -30,11 +31,24 @@ def sample(proc: psutil.Process, names: dict) -> dict:
             if p.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped: no memory to report
                 continue
             mem = p.memory_full_info()
-        except psutil.Error:
+            name = names.get(p.pid) or ("runner" if p.pid == proc.pid else helper_name(p))
+            engines = [] if p.pid == proc.pid else [c.memory_full_info() for c in p.children(recursive=True)]
+        except psutil.Error:  # exited between the listing and the reading
             continue
-        other = "runner" if p.pid == proc.pid else "helper: " + " ".join(p.cmdline()[-2:])[-40:]  # e.g. resource tracker
-        out[names.get(p.pid, other)] = (mem.rss / 2**20, mem.uss / 2**20)
+        out[name] = (mem.rss / 2**20, mem.uss / 2**20)
+        if engines:  # e.g. VizDoom runs each game as a child process of the rollout worker that owns the env
+            out[f"{name}: {len(engines)} env processes"] = (sum(m.rss for m in engines) / 2**20,
+                                                          sum(m.uss for m in engines) / 2**20)
     return out
+
+
+def helper_name(p: psutil.Process) -> str:
+    """A child the runner did not name: Python's own helpers (multiprocessing's resource tracker), by module."""
+    cmd = " ".join(p.cmdline())
+    for known in ("resource_tracker", "forkserver", "semaphore_tracker"):
+        if known in cmd:
+            return known
+    return "helper " + cmd[-30:]
 
 
 def main() -> None:
