@@ -23,10 +23,18 @@ class SharedWeights:
         for t in self.tensors.values():
             t.share_memory_()
         self.counters = torch.tensor([0, -1], dtype=torch.int64).share_memory_()  # seq, published version
+        self._counters_np = self.counters.numpy()
+
+    def __getstate__(self) -> dict:  # the numpy view is rebuilt in the receiving process (pickled, it would be a copy)
+        return {k: v for k, v in self.__dict__.items() if k != "_counters_np"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._counters_np = self.counters.numpy()
 
     @property
     def version(self) -> int:
-        return int(self.counters[1])
+        return int(self._counters_np[1])
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         self.counters[0] += 1  # odd: writing
@@ -40,9 +48,10 @@ class SharedWeights:
 
     def load_into(self, model: torch.nn.Module, have_version: int) -> int:
         """Copy the weights into `model` if newer than `have_version`; returns the version now held."""
+        counters = self._counters_np  # read before every policy batch: numpy, not torch indexing
         while True:
-            seq = int(self.counters[0])
-            version = int(self.counters[1])
+            seq = int(counters[0])
+            version = int(counters[1])
             if version <= have_version or version < 0:
                 return have_version
             if seq % 2:
@@ -51,5 +60,5 @@ class SharedWeights:
             with torch.no_grad():
                 for k, v in model.state_dict().items():
                     v.copy_(self.tensors[k], non_blocking=True)
-            if int(self.counters[0]) == seq:
+            if int(counters[0]) == seq:
                 return version

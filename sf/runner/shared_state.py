@@ -18,9 +18,24 @@ class SharedState:
         self.worker_frames = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
         self.learner = torch.zeros(3, dtype=torch.float64).share_memory_()
         self.best_metric = torch.zeros(2, dtype=torch.float64).share_memory_()
+        self._views()
+
+    def _views(self) -> None:
+        # numpy views for the per-step reads and writes of workers: ~0.1 us instead of ~5-10 us of torch indexing
+        self._stop_np, self._worker_frames_np = self.stop.numpy(), self.worker_frames.numpy()
+
+    def __getstate__(self) -> dict:  # views are rebuilt in the receiving process (pickled, they would be copies)
+        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._views()
 
     def stopping(self) -> bool:
-        return bool(self.stop[0])
+        return bool(self._stop_np[0])
+
+    def set_worker_frames(self, worker: int, frames: int) -> None:
+        self._worker_frames_np[worker] = frames
 
     def request_stop(self) -> None:
         self.stop[0] = 1

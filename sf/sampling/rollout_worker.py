@@ -138,7 +138,7 @@ class RolloutWorker:
 
     def _maybe_report(self, force: bool = False) -> None:
         now = time.time()
-        self.state.worker_frames[self.w] = self.frames
+        self.state.set_worker_frames(self.w, self.frames)
         if self.episodes and (force or now - self.last_report > EPISODE_REPORT_SEC):
             self.q.report.put(("episodes", self.w, self.episodes))
             self.episodes = []
