@@ -77,6 +77,9 @@ PARAMS: list[Param] = [
     P("policy_workers_per_policy", int, 1, "Policy worker processes (batched inference)", scope="train", min_value=1),
     P("set_workers_cpu_affinity", str2bool, True, "Pin rollout workers to cores (round-robin)", scope="train"),
     P("num_traj_buffers", int, 0, "Trajectory buffer slots in shared memory (0: enough for all envs plus two training batches)", scope="train", min_value=0),
+    P("max_env_restarts", int, 10, "An env that raises in a rollout worker is logged with its traceback and replaced by a "
+      "fresh one (its episode ends there); after this many replacements in one worker the run stops with a checkpoint "
+      "(0: the first error stops it)", scope="train", min_value=0),
     P("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1),
     P("learner_torch_threads", int, 0, "torch threads of the learner (0: number of cores)", scope="train", min_value=0),
     P("sampler_only", str2bool, False, "Benchmark: the learner returns trajectories unused (measures the sampler alone)", scope="train"),

@@ -13,8 +13,10 @@ Protocol (double-buffered sampling, paper section 3.2), per group g of envs:
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
+import traceback
 from queue import Empty
 
 import numpy as np
@@ -23,6 +25,7 @@ import torch
 from sf_envs.registry import env_spec, make_env
 
 EPISODE_REPORT_SEC = 1.0
+log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
@@ -46,6 +49,7 @@ class RolloutWorker:
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
         self.slot = np.zeros(self.num_envs, dtype=np.int64)
         self.t = np.zeros(self.num_envs, dtype=np.int64)
+        self.env_restarts = 0
         self.episodes: list[dict] = []
         self.last_report = time.time()
         self.frames = 0
@@ -54,12 +58,35 @@ class RolloutWorker:
     def _is_scalar(space) -> bool:
         return space.shape == () or space.__class__.__name__ == "Discrete"
 
+    def _env_seed(self, e: int) -> int | None:
+        if self.cfg.seed is None:
+            return None
+        return self.cfg.seed * 10_000 + self.w * self.num_envs + e + 1_000_003 * self.env_restarts
+
+    def _replace_env(self, e: int, ex: Exception) -> dict:
+        """A fresh env in place of env e, which raised `ex`; returns its first observation. One crashing game
+        (VizDoom engines do crash after many thousand episodes) must not end a run of days; a persistent
+        fault still stops it after --max_env_restarts replacements, as the traceback below says."""
+        where = f"env {e} ({self.cfg.env}) of rollout worker {self.w}"
+        if self.env_restarts >= self.cfg.max_env_restarts:
+            raise RuntimeError(f"{where} raised: {ex!r} (after {self.env_restarts} replacements of failed envs in "
+                               f"this worker; --max_env_restarts {self.cfg.max_env_restarts})") from ex
+        self.env_restarts += 1
+        log.warning("%s raised; replacing it with a fresh env (%d of --max_env_restarts %d):\n%s", where,
+                    self.env_restarts, self.cfg.max_env_restarts, traceback.format_exc().rstrip())
+        try:
+            self.envs[e].close()
+        except Exception:  # a broken env may fail to close too; its replacement matters, not its farewell
+            pass
+        self.envs[e] = make_env(self.cfg, env_index=self.w * self.num_envs + e)
+        obs, _ = self.envs[e].reset(seed=self._env_seed(e))
+        return obs
+
     # --- start ---
     def start(self) -> None:
         """Reset every env, take a slot for each, and request actions for every group."""
         for e, env in enumerate(self.envs):
-            seed = None if self.cfg.seed is None else self.cfg.seed * 10_000 + self.w * self.num_envs + e
-            obs, _ = env.reset(seed=seed)
+            obs, _ = env.reset(seed=self._env_seed(e))
             self.slot[e] = self._take_free_slot()
             self.t[e] = 0
             self._write_obs(e, obs, self.slot[e], 0)
@@ -113,7 +140,7 @@ class RolloutWorker:
                         self.episodes.append({k: float(v) for k, v in info["episode"].items()})
                     obs, _ = self.envs[e].reset()
             except Exception as ex:
-                raise RuntimeError(f"env {e} ({self.cfg.env}) of rollout worker {self.w} raised: {ex!r}") from ex
+                obs, reward, done = self._replace_env(e, ex), 0.0, True
             self.rewards_np[slot, t] = reward
             self.dones_np[slot, t] = float(done)
             t += 1

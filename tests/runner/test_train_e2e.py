@@ -104,18 +104,32 @@ def test_killed_rollout_worker_is_detected(tmp_path):
 
 
 def test_env_exception_reported_with_traceback(tmp_path):
+    """Each env raises after 300 steps: replaced twice with its traceback in the log, then the run stops."""
     log = tmp_path / "log.txt"
     p = start_train(train_args(tmp_path, "gym:faulty_env:Faulty-v0", "--num_workers", "1", "--use_rnn", "False",
-                               "--train_for_seconds", "300"), log)
+                               "--max_env_restarts", "2", "--train_for_seconds", "300"), log)
     try:
         rc = p.wait(timeout=60)
     finally:
         p.kill()
     text = log.read_text()
     assert rc != 0
-    assert "rollout_worker_0 crashed" in text and "FaultyEnv exploded on purpose" in text
-    assert "Traceback" in text
+    warnings = text.split("replacing it with a fresh env (")[1:]  # each replacement logged with the env's traceback
+    assert len(warnings) == 2, text[-4000:]
+    for k, w in enumerate(warnings, 1):
+        assert w.startswith(f"{k} of --max_env_restarts 2):\nTraceback") and "FaultyEnv exploded on purpose" in w
+    assert "rollout_worker_0 crashed" in text and "after 2 replacements" in text and "Traceback" in text
     assert list((tmp_path / "e2e" / "checkpoint_p0").glob("checkpoint_*.pth")), "no checkpoint at the stop"
+
+
+def test_failed_envs_are_replaced_and_training_continues(tmp_path, entry):
+    res = entry("train.py", *train_args(tmp_path, "gym:faulty_env:Faulty-v0", "--num_workers", "1", "--use_rnn", "False",
+                                        "--max_env_restarts", "1000", "--train_for_env_steps", "4000"),
+                env={"PYTHONPATH": f"{ROOT / 'tests' / 'runner'}:{ROOT}"}, timeout=180)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert out.count("replacing it with a fresh env") >= 4 and "crashed" not in out
+    assert "Saved final checkpoint" in out
 
 
 def test_sigint_stops_everything_and_cleans_up(tmp_path):
