@@ -27,12 +27,13 @@ class PolicyWorker:
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
         self.version = -1
         self.max_requests = cfg.num_workers * cfg.worker_num_splits
-        self._offsets = np.arange(self.group_size)
+        self.splits = cfg.worker_num_splits
         # numpy views of the shared tensors, flattened over (slot, t): one 1-D fancy index per tensor instead of
         # torch's two-tensor advanced indexing (which costs ~10x more per call at these small batch sizes).
         b = buffers
         self.T = b.rewards.shape[1]
-        self.env_slots_np = env_slots.numpy()
+        # env_slots [W, E, 2] viewed as [W * splits, G, 2]: request (w, g) is row w * splits + g, its G envs' (slot, t)
+        self.group_slots = env_slots.view(cfg.num_workers * self.splits, self.group_size, 2).numpy()
         n = b.rewards.shape[0]
         self.obs_flat = {k: v.view(n * (self.T + 1), *v.shape[2:]).numpy() for k, v in b.obs.items()}
         self.rnn_flat = b.rnn_states.view(n * (self.T + 1), -1).numpy()
@@ -63,35 +64,39 @@ class PolicyWorker:
         except Empty:
             return 0
         self.version = self.shared_weights.load_into(self.model, self.version)
-        req = np.asarray(requests, dtype=np.int64).reshape(-1, 2)  # [R, (worker, group)]
-        workers = np.repeat(req[:, 0], self.group_size)
-        envs = (req[:, 1:2] * self.group_size + self._offsets).reshape(-1)
-        idx = self.env_slots_np[workers, envs]  # [B, 2] (slot, t)
+        req = np.asarray(requests, dtype=np.int64)  # [R, (worker, group)]
+        idx = self.group_slots[req[:, 0] * self.splits + req[:, 1]].reshape(-1, 2)  # [B = R * G, (slot, t)]
         slots, ts = idx[:, 0], idx[:, 1]
-        self._infer(slots, ts)
-        for w, g in req.tolist():
-            self.q.workers[w].put(g)
-        return len(slots)
-
-    @torch.inference_mode()
-    def _infer(self, slots: np.ndarray, ts: np.ndarray) -> None:
-        """slots, ts: [B] int64. Writes the step outputs for (slot, t) and the RNN state for (slot, t+1)."""
         step = slots * self.T + ts  # flat index into [N * T] tensors
         obs_i = slots * (self.T + 1) + ts  # flat index into [N * (T+1)] tensors
+        if self.random_policy and self.random_nvec is not None:
+            self._random_actions(step, obs_i)
+        else:
+            self._infer(step, obs_i)
+        for w, g in requests:
+            self.q.workers[w].put(g)
+        return len(step)
+
+    def _random_actions(self, step: np.ndarray, obs_i: np.ndarray) -> None:
+        """Sampler benchmark on (Multi)Discrete actions: uniform actions drawn in numpy, no network, no torch.
+        step, obs_i: [B] flat indices of (slot, t) into the [N * T] and [N * (T+1)] buffers."""
         out = self.step_flat
-        if self.random_policy and self.random_nvec is not None:  # sampler benchmark: uniform actions, no network
-            n = len(slots)
-            out["actions"][step] = self.rng.integers(self.random_nvec, size=(n, len(self.random_nvec)))
-            out["action_logits"][step] = 0.0
-            out["log_probs"][step] = self.random_log_prob
-            out["values"][step] = 0.0
-            out["policy_versions"][step] = self.version
-            self.rnn_flat[obs_i + 1] = self.rnn_flat[obs_i]
-            return
+        out["actions"][step] = self.rng.integers(self.random_nvec, size=(len(step), len(self.random_nvec)))
+        out["action_logits"][step] = 0.0
+        out["log_probs"][step] = self.random_log_prob
+        out["values"][step] = 0.0
+        out["policy_versions"][step] = self.version
+        self.rnn_flat[obs_i + 1] = self.rnn_flat[obs_i]
+
+    @torch.inference_mode()
+    def _infer(self, step: np.ndarray, obs_i: np.ndarray) -> None:
+        """One batched forward for B env steps. step, obs_i: [B] flat indices of (slot, t) into the [N * T] and
+        [N * (T+1)] buffers. Writes the step outputs at `step` and the RNN state at `obs_i + 1` (= (slot, t+1))."""
+        out = self.step_flat
         rnn = torch.from_numpy(self.rnn_flat[obs_i]).to(self.device, non_blocking=True)
         if self.random_policy:  # sampler benchmark (Box actions): standard-normal logits, no network
-            logits = torch.zeros((len(slots), out["action_logits"].shape[-1]), device=self.device)
-            values, new_rnn = torch.zeros(len(slots), device=self.device), rnn
+            logits = torch.zeros((len(step), out["action_logits"].shape[-1]), device=self.device)
+            values, new_rnn = torch.zeros(len(step), device=self.device), rnn
         else:
             obs = {k: torch.from_numpy(v[obs_i]).to(self.device, non_blocking=True) for k, v in self.obs_flat.items()}
             res = self.model.forward_step(obs, rnn)

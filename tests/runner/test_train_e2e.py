@@ -86,6 +86,17 @@ def test_trains_doom_basic(tmp_path, entry):
     assert "train/policy_lag_avg" in scalars
 
 
+@pytest.mark.parametrize("random_policy", [False, True])
+def test_sampler_only_collects_without_training(tmp_path, entry, random_policy):
+    """The benchmark mode of benchmarks/system_throughput.py: frames are collected and counted, no SGD step."""
+    res = entry("train.py", *train_args(tmp_path, "test_corridor", "--num_workers", "2", "--sampler_only", "True",
+                                        "--random_policy", str(random_policy), "--train_for_env_steps", "4000"), timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    frames = [int(n) for n in re.findall(r"Total num frames: (\d+)", res.stdout)]
+    assert frames and max(frames) >= 4000
+    assert set(re.findall(r"Policy version: (\d+)", res.stdout)) == {"0"}  # nothing trained
+
+
 def test_killed_rollout_worker_is_detected(tmp_path):
     log = tmp_path / "log.txt"
     p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "300"), log)

@@ -1,0 +1,68 @@
+"""Policy worker in-process: a request (worker, group) writes exactly that group's envs at their (slot, t), and the
+reply goes to that worker's queue. Checked against poisoned buffers, for the network and the random-action path."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from sf.buffers.shared_weights import SharedWeights
+from sf.buffers.trajectory_buffers import TrajectoryBuffers
+from sf.cfg import parse_cfg
+from sf.ipc import Queue
+from sf.model.actor_critic import create_actor_critic
+from sf.sampling.policy_worker import PolicyWorker
+from sf_envs.registry import make_env
+
+WORKERS, ENVS, SPLITS = 3, 4, 2
+
+
+@pytest.fixture(params=[False, True], ids=["forward", "random"])
+def setup(request):
+    cfg = parse_cfg(["--env", "test_corridor", "--num_workers", str(WORKERS), "--num_envs_per_worker", str(ENVS),
+                     "--worker_num_splits", str(SPLITS), "--rollout", "8", "--recurrence", "8", "--rnn_size", "16", "--hidden_size", "16",
+                     "--random_policy", str(request.param), "--device", "cpu"])
+    env = make_env(cfg, 0)
+    obs_space, action_space = env.observation_space, env.action_space
+    env.close()
+    model = create_actor_critic(cfg, obs_space, action_space)
+    buffers = TrajectoryBuffers(WORKERS * ENVS + 4, cfg.rollout, obs_space, action_space, model.rnn_state_size)
+    weights = SharedWeights(model)
+    weights.publish(model, 7)
+    rng = np.random.default_rng(0)
+    # every env of every worker at a distinct slot and some step t < T
+    slots = rng.permutation(buffers.num_slots)[:WORKERS * ENVS].reshape(WORKERS, ENVS)
+    env_slots = torch.zeros((WORKERS, ENVS, 2), dtype=torch.int64).share_memory_()
+    env_slots[:, :, 0] = torch.from_numpy(slots)
+    env_slots[:, :, 1] = torch.from_numpy(rng.integers(0, cfg.rollout, size=(WORKERS, ENVS)))
+    buffers.obs["obs"].uniform_()
+    for s, t in env_slots.view(-1, 2).tolist():  # each env's current state; the rest stays poison (NaN)
+        buffers.rnn_states[s, t] = torch.randn(model.rnn_state_size)
+    queues = SimpleNamespace(policy=Queue(), workers=[Queue() for _ in range(WORKERS)])
+    pw = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, weights, "cpu")
+    pw.wait_for_weights(lambda: False)
+    yield pw, buffers, env_slots, queues
+    for q in (queues.policy, *queues.workers):
+        q.close()
+
+
+def test_request_writes_exactly_its_group(setup):
+    pw, buffers, env_slots, queues = setup
+    requests = [(2, 1), (0, 0)]
+    for r in requests:
+        queues.policy.put(r)
+    served = 0
+    while served < len(requests) * ENVS // SPLITS:
+        served += pw.run_once(timeout=1.0)
+    group = ENVS // SPLITS
+    expected = {(int(env_slots[w, e, 0]), int(env_slots[w, e, 1]))
+                for w, g in requests for e in range(g * group, (g + 1) * group)}
+    written = {(int(s), int(t)) for s, t in zip(*np.nonzero(buffers.policy_versions.numpy() >= 0))}
+    assert written == expected  # nothing else touched: the rest is still poison (-1)
+    for s, t in expected:
+        assert int(buffers.policy_versions[s, t]) == 7
+        assert 0 <= int(buffers.actions[s, t, 0]) < 3
+        assert torch.isfinite(buffers.log_probs[s, t]) and torch.isfinite(buffers.values[s, t])
+        assert torch.isfinite(buffers.rnn_states[s, t + 1]).all()  # the state the next step starts from
+    assert queues.workers[2].get(timeout=1) == 1 and queues.workers[0].get(timeout=1) == 0
+    assert queues.workers[1].empty()
