@@ -49,6 +49,10 @@ class PolicyWorker:
         if self.random_nvec is not None:
             self.random_log_prob = -float(np.log(self.random_nvec.astype(np.float64)).sum())
             self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 7919)
+            if self.random_policy:  # the uniform policy's constant outputs, written once for every (slot, t)
+                for tensor, value in ((b.action_logits, 0.0), (b.log_probs, self.random_log_prob), (b.values, 0.0),
+                                      (b.rnn_states, 0.0)):  # (every policy worker writes the same values)
+                    tensor.fill_(value)
 
     def wait_for_weights(self, stopping) -> None:
         """Block until the learner published its first weights (after loading a checkpoint, say)."""
@@ -70,23 +74,19 @@ class PolicyWorker:
         step = slots * self.T + ts  # flat index into [N * T] tensors
         obs_i = slots * (self.T + 1) + ts  # flat index into [N * (T+1)] tensors
         if self.random_policy and self.random_nvec is not None:
-            self._random_actions(step, obs_i)
+            self._random_actions(step)
         else:
             self._infer(step, obs_i)
         for w, g in requests:
             self.q.workers[w].put(g)
         return len(step)
 
-    def _random_actions(self, step: np.ndarray, obs_i: np.ndarray) -> None:
-        """Sampler benchmark on (Multi)Discrete actions: uniform actions drawn in numpy, no network, no torch.
-        step, obs_i: [B] flat indices of (slot, t) into the [N * T] and [N * (T+1)] buffers."""
-        out = self.step_flat
+    def _random_actions(self, step: np.ndarray) -> None:
+        """Sampler benchmark on (Multi)Discrete actions (the paper's "infinitely fast action generation"): uniform
+        actions drawn in numpy, no network, no torch. step: [B] flat indices of (slot, t) into the [N * T] buffers."""
+        out = self.step_flat  # logits, log-probs, values and RNN states are constant: written in __init__
         out["actions"][step] = self.rng.integers(self.random_nvec, size=(len(step), len(self.random_nvec)))
-        out["action_logits"][step] = 0.0
-        out["log_probs"][step] = self.random_log_prob
-        out["values"][step] = 0.0
         out["policy_versions"][step] = self.version
-        self.rnn_flat[obs_i + 1] = self.rnn_flat[obs_i]
 
     @torch.inference_mode()
     def _infer(self, step: np.ndarray, obs_i: np.ndarray) -> None:
