@@ -6,8 +6,12 @@ then the sampler alone (learner off) with random actions and with the real polic
 training with the default configuration (the paper's model and batch: configs/doom.json "defaults"; for
 doom_basic, whose preset trades throughput for sample efficiency, they are passed explicitly). Prints env frames/s (median of the 10-s windows after warm-up),
 ratios to pure simulation, the average policy lag, and the peak RSS of each process of every system run.
+The machines are shared and noisy: with --rounds R everything is measured R times, each ratio against the pure
+simulation of its own round, and the median is reported. --sampler_envs_per_worker sweeps the sampler's envs per
+worker (16 envs of one core cost ~25% in pure simulation alone on a 2-core machine: engine caches).
 
     python benchmarks/system_throughput.py --envs doom_basic doom_battle --num_workers 2 --duration 90
+    python benchmarks/system_throughput.py --modes random --sampler_envs_per_worker 4 8 16 --rounds 3 --duration 45
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ def pure_simulation(env: str, num_workers: int, envs_per_worker: int, duration: 
 
 
 def run_train_rss(args: list[str], train_dir: str, timeout: float) -> dict:
-    """Run train.py; FPS (10 s windows after the first report), average lag, peak RSS per process (MiB)."""
+    """Run train.py; FPS (steady-state 10-s windows), average lag, peak RSS per process (MiB)."""
     cmd = [sys.executable, str(ROOT / "train.py"), "--train_dir", train_dir, "--restart_behavior", "overwrite",
            "--report_interval_sec", "5", *args]
     with tempfile.TemporaryFile("w+") as out:
@@ -73,7 +77,9 @@ def run_train_rss(args: list[str], train_dir: str, timeout: float) -> dict:
     names = {int(pid): name for name, pid in STARTED_RE.findall(log)}
     names[proc.pid] = "runner"
     rss = {names[pid]: mb for pid, mb in peak.items() if pid in names}
-    fps = [float(m.group(1)) for m in FPS_RE.finditer(log) if m.group(1) != "nan"][1:]
+    # the first two 10-s windows include start-up, the last one the stop: the steady state is in between
+    fps = [float(m.group(1)) for m in FPS_RE.finditer(log) if m.group(1) != "nan"]
+    fps = fps[2:-1] if len(fps) > 4 else fps[1:]
     lags = [float(m.group(2)) for m in LAG_RE.finditer(log) if m.group(2) != "nan"]
     return {"fps_median": statistics.median(fps) if fps else float("nan"), "fps_samples": fps,
             "lag_avg": statistics.mean(lags) if lags else float("nan"), "log": log, "rss": rss,
@@ -87,36 +93,58 @@ def main() -> None:
     ap.add_argument("--duration", type=int, default=90, help="seconds per system run")
     ap.add_argument("--sim_envs_per_worker", type=int, default=1, help="envs per process of the pure simulation")
     ap.add_argument("--modes", nargs="+", default=["random", "policy", "train"], choices=["random", "policy", "train"])
+    ap.add_argument("--sampler_envs_per_worker", type=int, nargs="+", default=None,
+                    help="envs per rollout worker of the sampler-only runs, one run each (default: the config's, 16 for Doom)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat pure simulation + every run this many times; ratios are taken within a round, medians reported")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more train.py flags for every run")
     args = ap.parse_args()
     header("System throughput vs pure simulation")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    rows, mem_rows = [], []
+    results: dict[tuple, list[dict]] = {}  # (env, mode, envs per worker) -> one result per round
+    mem_rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for env in args.envs:
-            sim = pure_simulation(env, args.num_workers, args.sim_envs_per_worker, min(30, args.duration))
-            rows.append([env, f"pure simulation (random actions, {args.num_workers} processes)", f"{sim:.0f}", "1.00", "-"])
-            print(f"... {env} simulation: {sim:.0f} frames/s", file=sys.stderr, flush=True)
-            for mode in args.modes:
-                flags = ["--env", env, "--num_workers", str(args.num_workers), "--train_for_seconds", str(args.duration),
-                         "--experiment", f"bench_{env}_{mode}", *(PAPER_DOOM if env.startswith("doom_") else []),
-                         *args.extra]
-                if mode in ("random", "policy"):
-                    flags += ["--sampler_only", "True", "--random_policy", str(mode == "random")]
-                res = run_train_rss(flags, tmp, timeout=args.duration + 120)
-                fps = res["fps_median"]
-                label = {"random": "sampler only, random actions", "policy": "sampler only, policy forward (CPU)",
-                         "train": "full training (default config)"}[mode]
-                lag = "-" if mode != "train" or math.isnan(res["lag_avg"]) else f"{res['lag_avg']:.1f}"
-                rows.append([env, label, f"{fps:.0f}", f"{fps / sim:.2f}", lag])
-                mem_rows.append([env, mode, ", ".join(f"{k} {v:.0f}" for k, v in sorted(res["rss"].items()))])
-                print(f"... {env} {mode}: {fps:.0f} frames/s (10-s windows: {res['fps_samples']}, exit {res['returncode']})",
-                      file=sys.stderr, flush=True)
-                if res["returncode"] != 0:
-                    print(res["log"][-3000:], file=sys.stderr)
-    print(table(rows, ["env", "mode", "env frames/s", "ratio to simulation", "policy lag avg"]))
+            for rnd in range(args.rounds):
+                sim = pure_simulation(env, args.num_workers, args.sim_envs_per_worker, min(30, args.duration))
+                results.setdefault((env, "sim", args.sim_envs_per_worker), []).append({"fps": sim, "ratio": 1.0, "lag": math.nan})
+                print(f"... {env} round {rnd + 1} simulation: {sim:.0f} frames/s", file=sys.stderr, flush=True)
+                for mode in args.modes:
+                    sweep = args.sampler_envs_per_worker if mode != "train" and args.sampler_envs_per_worker else [None]
+                    for k in sweep:
+                        flags = ["--env", env, "--num_workers", str(args.num_workers), "--train_for_seconds",
+                                 str(args.duration), "--experiment", f"bench_{env}_{mode}",
+                                 *(PAPER_DOOM if env.startswith("doom_") else []), *args.extra]
+                        if k is not None:
+                            flags += ["--num_envs_per_worker", str(k)]
+                        if mode in ("random", "policy"):
+                            flags += ["--sampler_only", "True", "--random_policy", str(mode == "random")]
+                        res = run_train_rss(flags, tmp, timeout=args.duration + 120)
+                        fps = res["fps_median"]
+                        envs_per_worker = k or (16 if env.startswith("doom_") else "preset")
+                        results.setdefault((env, mode, envs_per_worker), []).append(
+                            {"fps": fps, "ratio": fps / sim, "lag": res["lag_avg"]})
+                        if rnd == 0:
+                            mem_rows.append([env, mode, envs_per_worker,
+                                             ", ".join(f"{n} {v:.0f}" for n, v in sorted(res["rss"].items()))])
+                        print(f"... {env} {mode} ({envs_per_worker} envs/worker): {fps:.0f} frames/s = {fps / sim:.2f} "
+                              f"(10-s windows: {res['fps_samples']}, exit {res['returncode']})", file=sys.stderr, flush=True)
+                        if res["returncode"] != 0:
+                            print(res["log"][-3000:], file=sys.stderr)
+    labels = {"sim": f"pure simulation (random actions, {args.num_workers} processes)",
+              "random": "sampler only, random actions", "policy": "sampler only, policy forward (CPU)",
+              "train": "full training (default config)"}
+    rows = []
+    for (env, mode, k), runs in results.items():
+        ratios = [r["ratio"] for r in runs]
+        lags = [r["lag"] for r in runs if not math.isnan(r["lag"])]
+        rows.append([env, labels[mode], k, f"{statistics.median(r['fps'] for r in runs):.0f}",
+                     f"{statistics.median(ratios):.2f}", " ".join(f"{x:.2f}" for x in ratios) if len(runs) > 1 else "-",
+                     f"{statistics.mean(lags):.1f}" if mode == "train" and lags else "-"])
+    print(table(rows, ["env", "mode", "envs/worker", "env frames/s (median)", "ratio to simulation (median)",
+                       "ratio per round", "policy lag avg"]))
     print()
-    print(table(mem_rows, ["env", "mode", "peak RSS per process (MiB; shared trajectory buffers counted in each)"]))
+    print(table(mem_rows, ["env", "mode", "envs/worker", "peak RSS per process (MiB; shared trajectory buffers counted in each)"]))
 
 
 if __name__ == "__main__":
