@@ -29,7 +29,7 @@ from sf.model.actor_critic import create_actor_critic
 from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible
 from sf.runner.shared_state import ENV_STEPS, FINISHED, SharedState
 from sf.runner.stats import RunStats
-from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, child_main
+from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, become_subreaper, child_main, kill_adopted, kill_tree
 from sf.sampling.policy_worker import PolicyWorker, run_policy_worker
 from sf.sampling.rollout_worker import RolloutWorker, run_rollout_worker
 from sf_envs.registry import env_spec, make_env
@@ -215,7 +215,7 @@ class Runner:
         if self.interrupts > 1:  # second Ctrl-C: exit at once
             for p in self.procs.values():
                 if p.is_alive():
-                    p.kill()
+                    kill_tree(p)
             os._exit(130)
         log.info("%s received: stopping (final checkpoint); press Ctrl-C again to exit at once", signal.Signals(signum).name)
         self.state.request_stop()
@@ -232,7 +232,9 @@ class Runner:
             if self.cfg.serial_mode:
                 self.run_serial(start)
             else:
+                become_subreaper()
                 self.start_processes()
+                own_children = {c.pid for c in psutil.Process().children()}  # workers and multiprocessing's helpers
                 while not self.state.stopping():
                     self._drain_reports()
                     if not self._check_processes() or self.budget_reached(start):
@@ -248,6 +250,7 @@ class Runner:
                         last_summary = now
                     time.sleep(0.1)
                 self.stop_processes()
+                kill_adopted(own_children)  # engines of a worker that died without closing them
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -289,7 +292,7 @@ class Runner:
         for name, p in self.procs.items():
             if p.is_alive():
                 log.warning("%s did not stop in time; killing it", name)
-                p.kill()
+                kill_tree(p)
                 p.join(timeout=2)
 
     def close_queues(self) -> None:

@@ -2,7 +2,10 @@
 
 Every child: ignores SIGINT (the runner owns Ctrl-C and stops children in order), dies with its parent
 (PR_SET_PDEATHSIG, plus a parent-pid check in the loops), sets its own thread counts and CPU affinity,
-and reports any exception with its traceback to the runner before exiting non-zero.
+and reports any exception with its traceback to the runner before exiting non-zero. Rollout workers own
+processes of their own (a VizDoom env is an engine process with shared-memory segments): on the runner's
+death they unwind and close their envs instead of being SIGKILLed, and whoever kills a worker kills its
+descendants first, so that no engine outlives the run.
 """
 from __future__ import annotations
 
@@ -13,18 +16,79 @@ import sys
 import signal
 import traceback
 
+import psutil
+
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 LOG_FORMAT = "[%(asctime)s][%(process)d][%(levelname)s] %(message)s"
 LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies, so no orphan keeps shared memory."""
+class ParentDied(BaseException):
+    """Raised in a worker's main thread when the runner died, to unwind through its `finally` blocks."""
+
+
+def _prctl(option: int, arg: int) -> None:
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
     except OSError:  # not Linux: the parent-pid checks in the loops still apply
         pass
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send `sig` to this process when its parent dies, so no orphan keeps shared memory."""
+    _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def become_subreaper() -> None:
+    """The runner adopts the orphans of its descendants (the engines of a worker that was SIGKILLed) instead of init,
+    so that kill_adopted() can end them."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def kill_adopted(own_children: set) -> None:
+    """SIGKILL the children of this process that it did not start itself: orphans adopted as a subreaper."""
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for child in children:
+        if child.pid not in own_children:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+
+
+def unwind_on_parent_death() -> None:
+    """For a worker that owns processes: the runner's death (or a SIGTERM) raises ParentDied in the main thread
+    instead of killing this process at once, so that its `finally` closes the envs and their engines."""
+    def on_sigterm(signum, frame):
+        # ignore any further SIGTERM: closing a VizDoom game delivers one to this process (seen with vizdoom 1.2),
+        # which would otherwise kill the worker half-way through closing its envs
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise ParentDied("SIGTERM: the runner exited or asked this worker to die")
+    signal.signal(signal.SIGTERM, on_sigterm)
+    die_with_parent(signal.SIGTERM)
+
+
+def kill_descendants(pid: int | None = None) -> None:
+    """SIGKILL every process below `pid` (default: this process), e.g. the env engines of a worker about to die."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def kill_tree(process) -> None:
+    """SIGKILL a worker (multiprocessing.Process) and, first, everything it started."""
+    kill_descendants(process.pid)
+    process.kill()
 
 
 def limit_threads(num_threads: int) -> None:
@@ -61,6 +125,8 @@ def child_main(name: str, report_queue, target, *args) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATEFMT, stream=sys.stdout)
     try:
         target(*args)
+    except ParentDied:  # nobody left to report to; `finally` blocks have closed what this worker owned
+        os._exit(1)
     except BaseException:  # noqa: B902 — anything that kills a worker must reach the runner's log
         tb = traceback.format_exc()
         try:

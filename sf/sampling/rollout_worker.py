@@ -43,8 +43,12 @@ class RolloutWorker:
         self.rnn_np = buffers.rnn_states.numpy()
         self.env_slots_np = env_slots.numpy()
         self.envs = []
-        for e in range(self.num_envs):
-            self.envs.append(make_env(cfg, env_index=worker_idx * self.num_envs + e))
+        try:
+            for e in range(self.num_envs):
+                self.envs.append(make_env(cfg, env_index=worker_idx * self.num_envs + e))
+        except BaseException:  # an env that fails to start, or a stop meanwhile: close the ones already running
+            self._close_envs()
+            raise
         self.discrete = self.actions_np.dtype == np.int64
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
         self.slot = np.zeros(self.num_envs, dtype=np.int64)
@@ -173,6 +177,9 @@ class RolloutWorker:
 
     def close(self) -> None:
         self._maybe_report(force=True)
+        self._close_envs()
+
+    def _close_envs(self) -> None:
         for env in self.envs:
             try:
                 env.close()
@@ -181,17 +188,22 @@ class RolloutWorker:
 
 
 def run_rollout_worker(cfg, worker_idx, buffers, env_slots, queues, shared_state, core) -> None:
-    """Process entry: lower priority than policy workers and learner, pinned to one core, one thread."""
-    from sf.runner.supervision import limit_threads, set_affinity
+    """Process entry: lower priority than policy workers and learner, pinned to one core, one thread. Its envs may be
+    processes of their own (VizDoom engines): however this worker ends, they end with it."""
+    from sf.runner.supervision import kill_descendants, limit_threads, set_affinity, unwind_on_parent_death
     limit_threads(1)
     set_affinity(core if cfg.set_workers_cpu_affinity else None, nice=5)
+    unwind_on_parent_death()
     parent = os.getppid()
-    worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state)
+    worker = None
     try:
+        worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state)
         worker.start()
         while not shared_state.stopping() and os.getppid() == parent:
             worker.run_once(timeout=0.1)
     except StopIteration:
         pass
     finally:
-        worker.close()
+        if worker is not None:
+            worker.close()  # closes the games: engines exit and remove their shared memory
+        kill_descendants()  # engines that did not close (a hung game, or envs still being made)

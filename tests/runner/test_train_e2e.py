@@ -194,6 +194,40 @@ def test_sigkill_then_resume_continues_counters(tmp_path):
     assert int(after["policy_version"]) > int(before["policy_version"])
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.doom
+@pytest.mark.parametrize("victim", ["runner", "rollout_worker_0"])
+def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
+    """VizDoom engines are processes of the rollout workers, with shared-memory segments of their own. The runner
+    SIGKILLed: the workers close their games instead of dying at once. A worker SIGKILLed: the runner, their
+    subreaper, adopts its engines and ends them when the run stops. Either way no engine outlives the run."""
+    pytest.importorskip("vizdoom")
+    shm_before = shm_files()
+    log = tmp_path / "log.txt"
+    p = start_train(["--env", "doom_basic", "--experiment", "e2e", "--train_dir", str(tmp_path), "--num_workers", "2",
+                     "--num_envs_per_worker", "2", "--hidden_size", "32", "--report_interval_sec", "1",
+                     "--train_for_seconds", "300", "--device", "cpu"], log)
+    try:
+        wait_for(lambda: re.search(r"Total num frames: [1-9]", log.read_text()), 120, "frames to be collected")
+        engines = [c.pid for c in psutil.Process(p.pid).children(recursive=True) if c.name() == "vizdoom"]
+        assert len(engines) == 4, engines
+        assert any(name.startswith("ViZDoom") for name in shm_files() - shm_before)  # the engines' segments exist
+        os.kill(p.pid if victim == "runner" else child_pids(log)[victim], signal.SIGKILL)
+        rc = p.wait(timeout=60)
+    finally:
+        p.kill()
+    assert rc != 0
+    wait_for(lambda: not any(_alive(pid) for pid in engines), 15, f"VizDoom engines to exit after SIGKILL of the {victim}")
+    if victim == "runner":  # closed games remove their segments (a SIGKILLed worker's engines cannot)
+        wait_for(lambda: not any(n.startswith("ViZDoom") for n in shm_files() - shm_before), 5, "engine shared memory removed")
+
+
 def test_corrupted_latest_falls_back_and_incompatible_is_one_line(tmp_path, entry):
     args = train_args(tmp_path, "test_corridor", "--num_workers", "1", "--train_for_env_steps", "1500")
     assert entry("train.py", *args, timeout=180).returncode == 0
