@@ -5,7 +5,7 @@ Every child: ignores SIGINT (the runner owns Ctrl-C and stops children in order)
 and reports any exception with its traceback to the runner before exiting non-zero. Rollout workers own
 processes of their own (a VizDoom env is an engine process with shared-memory segments): on the runner's
 death they unwind and close their envs instead of being SIGKILLed, and whoever kills a worker kills its
-descendants first, so that no engine outlives the run.
+descendants first, so that no engine outlives the run; a killed engine's shared-memory files go with it.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import signal
 import traceback
 
 import psutil
+
+from sf_envs.doom.engine_shm import engine_shm_files
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -52,11 +54,26 @@ def kill_adopted(own_children: set) -> None:
         children = psutil.Process().children()
     except psutil.Error:
         return
-    for child in children:
-        if child.pid not in own_children:
+    kill_processes([child for child in children if child.pid not in own_children])
+
+
+def kill_processes(processes: list) -> None:
+    """SIGKILL psutil processes; for the env engines among them, also remove their shared-memory files once they are
+    dead: the engine's host removes those when it closes the game, which a host that was (or is about to be) killed
+    never does."""
+    files = []
+    for p in processes:
+        try:
+            files += engine_shm_files(p.cmdline())
+            p.kill()
+        except psutil.Error:
+            pass
+    if files:
+        psutil.wait_procs(processes, timeout=5)
+        for f in files:
             try:
-                child.kill()
-            except psutil.Error:
+                f.unlink(missing_ok=True)
+            except OSError:
                 pass
 
 
@@ -75,14 +92,9 @@ def unwind_on_parent_death() -> None:
 def kill_descendants(pid: int | None = None) -> None:
     """SIGKILL every process below `pid` (default: this process), e.g. the env engines of a worker about to die."""
     try:
-        children = psutil.Process(pid).children(recursive=True)
+        kill_processes(psutil.Process(pid).children(recursive=True))
     except psutil.Error:
-        return
-    for child in children:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
+        pass
 
 
 def kill_tree(process) -> None:

@@ -184,6 +184,24 @@ def test_engine_restarts_between_episodes_and_stays_seeded():
     assert np.array_equal(trace(), trace())
 
 
+def test_engine_command_line_names_its_shared_memory():
+    """engine_shm_files (what the runner removes after killing the engine of a SIGKILLed worker) names exactly the
+    files a live game has in /dev/shm, and a closed game has removed them."""
+    import psutil
+    from sf_envs.doom.engine_shm import engine_shm_files
+    env = make_env(cfg_for("doom_basic"))
+    env.reset()
+    try:
+        engines = [c for c in psutil.Process().children(recursive=True) if c.name() == "vizdoom"]
+        assert len(engines) == 1, engines
+        files = engine_shm_files(engines[0].cmdline())
+        assert len(files) == 3 and all(f.is_file() for f in files), files
+        assert engine_shm_files([sys.executable, "-c", "pass"]) == []
+    finally:
+        env.close()
+    assert not any(f.exists() for f in files)
+
+
 def test_reward_shaping_coefficients_are_parameters(doom_data):
     """Health pickups/losses change the battle reward by exactly the configured coefficients."""
     from sf_envs.doom.doom_env import DoomRewardShaper

@@ -206,7 +206,8 @@ def _alive(pid: int) -> bool:
 def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
     """VizDoom engines are processes of the rollout workers, with shared-memory segments of their own. The runner
     SIGKILLed: the workers close their games instead of dying at once. A worker SIGKILLed: the runner, their
-    subreaper, adopts its engines and ends them when the run stops. Either way no engine outlives the run."""
+    subreaper, adopts its engines and ends them when the run stops, removing their shared memory. Either way no engine
+    and no segment outlives the run."""
     pytest.importorskip("vizdoom")
     shm_before = shm_files()
     log = tmp_path / "log.txt"
@@ -224,8 +225,7 @@ def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
         p.kill()
     assert rc != 0
     wait_for(lambda: not any(_alive(pid) for pid in engines), 15, f"VizDoom engines to exit after SIGKILL of the {victim}")
-    if victim == "runner":  # closed games remove their segments (a SIGKILLed worker's engines cannot)
-        wait_for(lambda: not any(n.startswith("ViZDoom") for n in shm_files() - shm_before), 5, "engine shared memory removed")
+    wait_for(lambda: not any(n.startswith("ViZDoom") for n in shm_files() - shm_before), 5, "engine shared memory removed")
 
 
 def test_corrupted_latest_falls_back_and_incompatible_is_one_line(tmp_path, entry):
