@@ -65,6 +65,9 @@ def kill_processes(processes: list) -> None:
     for p in processes:
         try:
             files += engine_shm_files(p.cmdline())
+        except psutil.Error:  # gone already, or unreadable: it is still killed below if it can be
+            pass
+        try:
             p.kill()
         except psutil.Error:
             pass

@@ -72,11 +72,10 @@ class PolicyWorker:
         idx = self.group_slots[req[:, 0] * self.splits + req[:, 1]].reshape(-1, 2)  # [B = R * G, (slot, t)]
         slots, ts = idx[:, 0], idx[:, 1]
         step = slots * self.T + ts  # flat index into [N * T] tensors
-        obs_i = slots * (self.T + 1) + ts  # flat index into [N * (T+1)] tensors
         if self.random_policy and self.random_nvec is not None:
             self._random_actions(step)
         else:
-            self._infer(step, obs_i)
+            self._infer(step, slots * (self.T + 1) + ts)  # observations: flat index into [N * (T+1)] tensors
         for w, g in requests:
             self.q.workers[w].put(g)
         return len(step)
