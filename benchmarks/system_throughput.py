@@ -86,6 +86,17 @@ def run_train_rss(args: list[str], train_dir: str, timeout: float) -> dict:
             "returncode": proc.returncode}
 
 
+def train_flags(args, env: str, mode: str, envs_per_worker: int | None) -> list[str]:
+    """train.py flags of one system run: mode "random"/"policy" (sampler only) or "train"; None: the config's envs."""
+    flags = ["--env", env, "--num_workers", str(args.num_workers), "--train_for_seconds", str(args.duration),
+             "--experiment", f"bench_{env}_{mode}", *(PAPER_DOOM if env.startswith("doom_") else []), *args.extra]
+    if envs_per_worker is not None:
+        flags += ["--num_envs_per_worker", str(envs_per_worker)]
+    if mode in ("random", "policy"):
+        flags += ["--sampler_only", "True", "--random_policy", str(mode == "random")]
+    return flags
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--envs", nargs="+", default=["doom_basic", "doom_battle"])
@@ -112,14 +123,7 @@ def main() -> None:
                 for mode in args.modes:
                     sweep = args.sampler_envs_per_worker if mode != "train" and args.sampler_envs_per_worker else [None]
                     for k in sweep:
-                        flags = ["--env", env, "--num_workers", str(args.num_workers), "--train_for_seconds",
-                                 str(args.duration), "--experiment", f"bench_{env}_{mode}",
-                                 *(PAPER_DOOM if env.startswith("doom_") else []), *args.extra]
-                        if k is not None:
-                            flags += ["--num_envs_per_worker", str(k)]
-                        if mode in ("random", "policy"):
-                            flags += ["--sampler_only", "True", "--random_policy", str(mode == "random")]
-                        res = run_train_rss(flags, tmp, timeout=args.duration + 120)
+                        res = run_train_rss(train_flags(args, env, mode, k), tmp, timeout=args.duration + 120)
                         fps = res["fps_median"]
                         envs_per_worker = k or (16 if env.startswith("doom_") else "preset")
                         results.setdefault((env, mode, envs_per_worker), []).append(
