@@ -6,9 +6,12 @@ then the sampler alone (learner off) with random actions and with the real polic
 training with the default configuration (the paper's model and batch: configs/doom.json "defaults"; for
 doom_basic, whose preset trades throughput for sample efficiency, they are passed explicitly). Prints env frames/s (median of the 10-s windows after warm-up),
 ratios to pure simulation, the average policy lag, and the peak RSS of each process of every system run.
-The machines are shared and noisy: with --rounds R everything is measured R times, each ratio against the pure
-simulation of its own round, and the median is reported. --sampler_envs_per_worker sweeps the sampler's envs per
-worker (16 envs of one core cost ~25% in pure simulation alone on a 2-core machine: engine caches).
+Two baselines, both pure simulation with the same number of processes: the fastest layout (--sim_envs_per_worker,
+default 1 env per process) and the run's own layout (the same envs per process as its rollout workers: what these
+processes do without the system; 16 envs of one core cost ~25% in pure simulation alone on a 2-core machine, engine
+caches). The machines are shared and noisy: with --rounds R everything is measured R times, each ratio against the
+pure simulation of its own round, and the median is reported. --sampler_envs_per_worker sweeps the sampler's envs per
+worker.
 
     python benchmarks/system_throughput.py --envs doom_basic doom_battle --num_workers 2 --duration 90
     python benchmarks/system_throughput.py --modes random --sampler_envs_per_worker 4 8 16 --rounds 3 --duration 45
@@ -47,6 +50,13 @@ def pure_simulation(env: str, num_workers: int, envs_per_worker: int, duration: 
     args = types.SimpleNamespace(env=env, num_workers=num_workers, num_envs_per_worker=envs_per_worker,
                                  duration=duration, warmup=2.0, seed=0, affinity=True)
     return env_throughput.measure(args, num_workers)["frames_per_s"]
+
+
+def run_envs_per_worker(flags: list[str], train_dir: str) -> int:
+    """--num_envs_per_worker of the train.py run with these flags (its preset and flags resolved): the layout of the
+    pure simulation it is compared with."""
+    from sf.cfg import parse_cfg
+    return parse_cfg([*flags, "--train_dir", train_dir]).num_envs_per_worker
 
 
 def run_train_rss(args: list[str], train_dir: str, timeout: float) -> dict:
@@ -117,36 +127,45 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for env in args.envs:
             for rnd in range(args.rounds):
-                sim = pure_simulation(env, args.num_workers, args.sim_envs_per_worker, min(30, args.duration))
-                results.setdefault((env, "sim", args.sim_envs_per_worker), []).append({"fps": sim, "ratio": 1.0, "lag": math.nan})
-                print(f"... {env} round {rnd + 1} simulation: {sim:.0f} frames/s", file=sys.stderr, flush=True)
-                for mode in args.modes:
-                    sweep = args.sampler_envs_per_worker if mode != "train" and args.sampler_envs_per_worker else [None]
-                    for k in sweep:
-                        res = run_train_rss(train_flags(args, env, mode, k), tmp, timeout=args.duration + 120)
-                        fps = res["fps_median"]
-                        envs_per_worker = k or (16 if env.startswith("doom_") else "preset")
-                        results.setdefault((env, mode, envs_per_worker), []).append(
-                            {"fps": fps, "ratio": fps / sim, "lag": res["lag_avg"]})
-                        if rnd == 0:
-                            mem_rows.append([env, mode, envs_per_worker,
-                                             ", ".join(f"{n} {v:.0f}" for n, v in sorted(res["rss"].items()))])
-                        print(f"... {env} {mode} ({envs_per_worker} envs/worker): {fps:.0f} frames/s = {fps / sim:.2f} "
-                              f"(10-s windows: {res['fps_samples']}, exit {res['returncode']})", file=sys.stderr, flush=True)
-                        if res["returncode"] != 0:
-                            print(res["log"][-3000:], file=sys.stderr)
+                runs = [(mode, k) for mode in args.modes
+                        for k in (args.sampler_envs_per_worker if mode != "train" and args.sampler_envs_per_worker else [None])]
+                layouts = {(mode, k): run_envs_per_worker(train_flags(args, env, mode, k), tmp) for mode, k in runs}
+                sims = {}  # envs per process -> pure-simulation frames/s of this round
+                for n in sorted({args.sim_envs_per_worker, *layouts.values()}):
+                    sims[n] = pure_simulation(env, args.num_workers, n, min(30, args.duration))
+                    results.setdefault((env, "sim", n), []).append(
+                        {"fps": sims[n], "ratio": sims[n] / sims[args.sim_envs_per_worker], "ratio_same": 1.0, "lag": math.nan})
+                    print(f"... {env} round {rnd + 1} simulation, {n} envs/process: {sims[n]:.0f} frames/s",
+                          file=sys.stderr, flush=True)
+                best = sims[args.sim_envs_per_worker]
+                for mode, k in runs:
+                    n = layouts[(mode, k)]
+                    res = run_train_rss(train_flags(args, env, mode, k), tmp, timeout=args.duration + 120)
+                    fps = res["fps_median"]
+                    results.setdefault((env, mode, n), []).append(
+                        {"fps": fps, "ratio": fps / best, "ratio_same": fps / sims[n], "lag": res["lag_avg"]})
+                    if rnd == 0:
+                        mem_rows.append([env, mode, n, ", ".join(f"{p} {v:.0f}" for p, v in sorted(res["rss"].items()))])
+                    print(f"... {env} {mode} ({n} envs/worker): {fps:.0f} frames/s = {fps / best:.2f} "
+                          f"({fps / sims[n]:.2f} of the same layout; 10-s windows: {res['fps_samples']}, "
+                          f"exit {res['returncode']})", file=sys.stderr, flush=True)
+                    if res["returncode"] != 0:
+                        print(res["log"][-3000:], file=sys.stderr)
     labels = {"sim": f"pure simulation (random actions, {args.num_workers} processes)",
               "random": "sampler only, random actions", "policy": "sampler only, policy forward (CPU)",
               "train": "full training (default config)"}
     rows = []
     for (env, mode, k), runs in results.items():
-        ratios = [r["ratio"] for r in runs]
+        ratios, same = [r["ratio"] for r in runs], [r["ratio_same"] for r in runs]
         lags = [r["lag"] for r in runs if not math.isnan(r["lag"])]
         rows.append([env, labels[mode], k, f"{statistics.median(r['fps'] for r in runs):.0f}",
                      f"{statistics.median(ratios):.2f}", " ".join(f"{x:.2f}" for x in ratios) if len(runs) > 1 else "-",
+                     f"{statistics.median(same):.2f}" if mode != "sim" else "-",
                      f"{statistics.mean(lags):.1f}" if mode == "train" and lags else "-"])
-    print(table(rows, ["env", "mode", "envs/worker", "env frames/s (median)", "ratio to simulation (median)",
-                       "ratio per round", "policy lag avg"]))
+    best = args.sim_envs_per_worker
+    print(table(rows, ["env", "mode", "envs/worker", "env frames/s (median)",
+                       f"ratio to simulation, {best} env{'s' if best > 1 else ''}/process (median)", "ratio per round",
+                       "ratio to simulation, same envs/process (median)", "policy lag avg"]))
     print()
     print(table(mem_rows, ["env", "mode", "envs/worker", "peak RSS per process (MiB; shared trajectory buffers counted in each)"]))
 
