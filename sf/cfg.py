@@ -80,6 +80,9 @@ PARAMS: list[Param] = [
     P("max_env_restarts", int, 10, "An env that raises in a rollout worker is logged with its traceback and replaced by a "
       "fresh one (its episode ends there); after this many replacements in one worker the run stops with a checkpoint "
       "(0: the first error stops it)", scope="train", min_value=0),
+    P("stall_timeout_sec", float, 120.0, "A process that gives no sign of life for this long (alive but stuck, e.g. in an "
+      "env engine that hangs) is reported with its Python stack and the run stops with a checkpoint (0: never)",
+      scope="train", min_value=0.0),
     P("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1),
     P("learner_torch_threads", int, 0, "torch threads of the learner (0: number of cores)", scope="train", min_value=0),
     P("sampler_only", str2bool, False, "Benchmark: the learner returns trajectories unused (measures the sampler alone)", scope="train"),

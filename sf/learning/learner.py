@@ -40,6 +40,7 @@ class Learner:
     def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir):
         self.cfg, self.buffers, self.q = cfg, buffers, queues
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
+        self.heartbeat = shared_state.heartbeat_slot("learner")
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
         self.appo = APPO(self.model, cfg, self.device)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
@@ -79,6 +80,7 @@ class Learner:
     # --- weights ---
     def _publish(self, version: int) -> None:
         self.version = version
+        self.state.beat(self.heartbeat)  # after every SGD step: a long training batch is not a stall
         self.shared_weights.publish(self.model, version)
         self.state.learner[VERSION] = version
 
@@ -146,6 +148,7 @@ class Learner:
         parent = os.getppid()
         try:
             while not self.state.stopping() and os.getppid() == parent:
+                self.state.beat(self.heartbeat)
                 try:
                     self.train(batches.get(timeout=0.1))
                 except queue.Empty:

@@ -29,7 +29,8 @@ from sf.model.actor_critic import create_actor_critic
 from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible
 from sf.runner.shared_state import ENV_STEPS, FINISHED, SharedState
 from sf.runner.stats import RunStats
-from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, become_subreaper, child_main, kill_adopted, kill_tree
+from sf.runner.supervision import (LOG_DATEFMT, LOG_FORMAT, become_subreaper, child_main, kill_adopted, kill_tree,
+                                   read_stack)
 from sf.sampling.policy_worker import PolicyWorker, run_policy_worker
 from sf.sampling.rollout_worker import RolloutWorker, run_rollout_worker
 from sf_envs.registry import env_spec, make_env
@@ -106,7 +107,7 @@ class Runner:
                               f"{have / 2**20:.0f} MiB free; lower --num_envs_per_worker/--batch_size or enlarge /dev/shm")
         self.buffers = TrajectoryBuffers(num_slots, cfg.rollout, self.obs_space, self.action_space, model.rnn_state_size)
         self.shared_weights = SharedWeights(model, self.device)
-        self.state = SharedState(cfg.num_workers)
+        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy)
         self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker, 2), dtype=torch.int64).share_memory_()
         msg_bytes = 64  # a small int tuple; capacities hold every message that can be in flight at once
         self.queues = SimpleNamespace(
@@ -119,6 +120,7 @@ class Runner:
         self.queues.free.put_many(list(range(num_slots)))
         self.stats = RunStats(exp_dir, cfg.stats_avg, self.spec.frameskip)
         self.procs: dict[str, torch.multiprocessing.Process] = {}
+        self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
         self.exit_code = 0
         self.interrupts = 0
         log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB)",
@@ -144,6 +146,7 @@ class Runner:
     def _start(self, name: str, target, *args) -> None:
         ctx = torch.multiprocessing.get_context("spawn")
         p = ctx.Process(target=child_main, args=(name, self.queues.report, target, *args), name=name, daemon=False)
+        self.state.beat(self.state.heartbeat_slot(name))  # its start-up (imports, envs) counts toward a stall
         p.start()
         self.procs[name] = p
         log.info("Started %s (pid %d)", name, p.pid)
@@ -153,10 +156,10 @@ class Runner:
         self._start("learner", run_learner, cfg, self.obs_space, self.action_space, b, q, self.shared_weights, st,
                     self.device, self.exp_dir)
         for i in range(cfg.policy_workers_per_policy):
-            self._start(f"policy_worker_{i}", run_policy_worker, cfg, self.obs_space, self.action_space, b,
+            self._start(f"policy_worker_{i}", run_policy_worker, cfg, i, self.obs_space, self.action_space, b,
                         self.env_slots, q, self.shared_weights, st, self.device)
         while self.shared_weights.version < 0:  # learner ready (checkpoint loaded, weights published)
-            if not self._check_processes():
+            if not self._check_processes() or not self._check_stalls():
                 return
             self._drain_reports()
             time.sleep(0.05)
@@ -170,6 +173,24 @@ class Runner:
             if p.exitcode is not None and not self.state.stopping():
                 self._drain_reports()
                 log.error("%s exited unexpectedly (exit code %s); stopping the run", name, p.exitcode)
+                self.exit_code = 1
+                self.state.request_stop()
+                return False
+        return True
+
+    def _check_stalls(self) -> bool:
+        """False (and a stop with exit code 1) if a process gave no sign of life for --stall_timeout_sec: alive but
+        stuck in a call that never returns (an env engine that hangs, say). Its Python stack goes to the log; the stop
+        then kills it (and its engines) after the others have stopped and the learner saved a final checkpoint."""
+        timeout = self.cfg.stall_timeout_sec
+        if timeout <= 0 or self.state.stopping():
+            return True
+        for name, p in self.procs.items():
+            idle = self.state.seconds_since_beat(name)
+            if idle > timeout and p.is_alive():
+                self._drain_reports()  # the stack file of a process that only just started
+                log.error("%s gave no sign of life for %.0f s (--stall_timeout_sec %g): it is stuck; stopping the run. "
+                          "Its stack:\n%s", name, idle, timeout, read_stack(p.pid, self.stack_files.get(name)))
                 self.exit_code = 1
                 self.state.request_stop()
                 return False
@@ -191,6 +212,8 @@ class Runner:
                         self.state.best_metric[0], self.state.best_metric[1] = metric, self.stats.num_episodes
                 elif kind == "train":
                     self.stats.add_train(msg[1], msg[2], msg[3])
+                elif kind == "stack_file":
+                    self.stack_files[msg[1]] = msg[2]
                 elif kind == "checkpoint":
                     log.info("Saved %scheckpoint %s", "final " if msg[2] else "", msg[1])
                 elif kind == "error":
@@ -237,7 +260,7 @@ class Runner:
                 own_children = {c.pid for c in psutil.Process().children()}  # workers and multiprocessing's helpers
                 while not self.state.stopping():
                     self._drain_reports()
-                    if not self._check_processes() or self.budget_reached(start):
+                    if not self._check_processes() or not self._check_stalls() or self.budget_reached(start):
                         break
                     self._update_frames()
                     now = time.time()

@@ -6,14 +6,19 @@ and reports any exception with its traceback to the runner before exiting non-ze
 processes of their own (a VizDoom env is an engine process with shared-memory segments): on the runner's
 death they unwind and close their envs instead of being SIGKILLed, and whoever kills a worker kills its
 descendants first, so that no engine outlives the run; a killed engine's shared-memory files go with it.
+A child that is stuck (alive, but in a call that never returns) is found by the runner through its heartbeat
+(SharedState) and its Python stack read with read_stack().
 """
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import logging
 import os
 import sys
 import signal
+import tempfile
+import time
 import traceback
 
 import psutil
@@ -24,6 +29,8 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 LOG_FORMAT = "[%(asctime)s][%(process)d][%(levelname)s] %(message)s"
 LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
+STACK_SIGNAL = signal.SIGUSR1
+_stack_file = None  # this process's stack-dump file (kept open: faulthandler writes to its descriptor)
 
 
 class ParentDied(BaseException):
@@ -72,12 +79,29 @@ def kill_processes(processes: list) -> None:
         except psutil.Error:
             pass
     if files:
-        psutil.wait_procs(processes, timeout=5)
+        _wait_dead(processes, timeout=5.0)
         for f in files:
             try:
                 f.unlink(missing_ok=True)
             except OSError:
                 pass
+
+
+def _wait_dead(processes: list, timeout: float) -> None:
+    """Wait until each process is gone or a zombie (dead, not yet reaped: its parent may be frozen, see kill_tree)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = []
+        for p in processes:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:
+                pass
+        if not alive:
+            return
+        processes = alive
+        time.sleep(0.02)
 
 
 def unwind_on_parent_death() -> None:
@@ -101,7 +125,12 @@ def kill_descendants(pid: int | None = None) -> None:
 
 
 def kill_tree(process) -> None:
-    """SIGKILL a worker (multiprocessing.Process) and, first, everything it started."""
+    """SIGKILL a worker (multiprocessing.Process) and, first, everything it started. The worker is frozen (SIGSTOP)
+    while its engines die: running, it would take a dead engine for a failed env and start a fresh one."""
+    try:
+        os.kill(process.pid, signal.SIGSTOP)
+    except OSError:  # gone already
+        pass
     kill_descendants(process.pid)
     process.kill()
 
@@ -133,11 +162,41 @@ def set_affinity(core: int | None, nice: int = 0) -> None:
             pass
 
 
+def enable_stack_dumps(name: str, report_queue) -> None:
+    """On STACK_SIGNAL, write every thread's Python stack to an anonymous file whose descriptor the runner learns
+    through the report queue and reads as /proc/<pid>/fd/<fd> (read_stack). faulthandler writes from a C signal
+    handler, so this works while the main thread is stuck in C code (a game engine that never answers)."""
+    global _stack_file
+    _stack_file = tempfile.TemporaryFile("w+")
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True)
+    report_queue.put(("stack_file", name, _stack_file.fileno()))
+
+
+def read_stack(pid: int, fd: int | None, wait: float = 2.0) -> str:
+    """The Python stack of a child that called enable_stack_dumps (fd: the descriptor it reported), or why not."""
+    if fd is None:
+        return "(no stack: the process had not set up its stack dumps yet)"
+    try:
+        os.kill(pid, STACK_SIGNAL)
+        text, deadline = "", time.time() + wait
+        while time.time() < deadline:  # written by the child's signal handler as soon as it is scheduled
+            time.sleep(0.1)
+            with open(f"/proc/{pid}/fd/{fd}") as f:
+                latest = f.read()
+            if latest and latest == text:
+                break
+            text = latest
+        return text.rstrip() or "(the process wrote no stack)"
+    except OSError as e:
+        return f"(no stack: {e})"
+
+
 def child_main(name: str, report_queue, target, *args) -> None:
     """Entry point of every child process: set-up, run `target(*args)`, report a crash with its traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATEFMT, stream=sys.stdout)
+    enable_stack_dumps(name, report_queue)
     try:
         target(*args)
     except ParentDied:  # nobody left to report to; `finally` blocks have closed what this worker owned

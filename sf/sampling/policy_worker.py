@@ -54,9 +54,11 @@ class PolicyWorker:
                                       (b.rnn_states, 0.0)):  # (every policy worker writes the same values)
                     tensor.fill_(value)
 
-    def wait_for_weights(self, stopping) -> None:
-        """Block until the learner published its first weights (after loading a checkpoint, say)."""
+    def wait_for_weights(self, stopping, beat=lambda: None) -> None:
+        """Block until the learner published its first weights (after loading a checkpoint, say); `beat()` while
+        waiting tells the runner's watchdog that this worker is alive (a stuck learner is the learner's stall)."""
         while self.version < 0 and not stopping():
+            beat()
             self.version = self.shared_weights.load_into(self.model, self.version)
             if self.version < 0:
                 time.sleep(0.01)
@@ -111,12 +113,15 @@ class PolicyWorker:
         self.rnn_flat[obs_i + 1] = new_rnn.float().cpu().numpy()
 
 
-def run_policy_worker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, shared_state, device) -> None:
+def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights, shared_state,
+                      device) -> None:
     """Process entry: normal priority, `--policy_worker_torch_threads` threads."""
     from sf.runner.supervision import limit_threads
     limit_threads(cfg.policy_worker_torch_threads)
     parent = os.getppid()
+    heartbeat = shared_state.heartbeat_slot(f"policy_worker_{worker_idx}")
     worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device)
-    worker.wait_for_weights(shared_state.stopping)
+    worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
     while not shared_state.stopping() and os.getppid() == parent:
+        shared_state.beat(heartbeat)
         worker.run_once(timeout=0.1)

@@ -42,9 +42,11 @@ class RolloutWorker:
         self.rewards_np, self.dones_np = buffers.rewards.numpy(), buffers.dones.numpy()
         self.rnn_np = buffers.rnn_states.numpy()
         self.env_slots_np = env_slots.numpy()
+        self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")
         self.envs = []
         try:
             for e in range(self.num_envs):
+                shared_state.beat(self.heartbeat)
                 self.envs.append(make_env(cfg, env_index=worker_idx * self.num_envs + e))
         except BaseException:  # an env that fails to start, or a stop meanwhile: close the ones already running
             self._close_envs()
@@ -90,6 +92,7 @@ class RolloutWorker:
     def start(self) -> None:
         """Reset every env, take a slot for each, and request actions for every group."""
         for e, env in enumerate(self.envs):
+            self.state.beat(self.heartbeat)
             obs, _ = env.reset(seed=self._env_seed(e))
             self.slot[e] = self._take_free_slot()
             self.t[e] = 0
@@ -105,6 +108,7 @@ class RolloutWorker:
             try:
                 return int(self.q.free.get(timeout=0.5))
             except Empty:  # the learner is behind (backpressure); keep checking for a stop request
+                self.state.beat(self.heartbeat)
                 if self.state.stopping():
                     raise StopIteration from None
 
@@ -115,6 +119,7 @@ class RolloutWorker:
     # --- main loop ---
     def run_once(self, timeout: float = 0.1) -> bool:
         """Step every group whose actions are ready. Returns False when nothing arrived within timeout."""
+        self.state.beat(self.heartbeat)
         try:
             groups = self.q.worker.get_many(timeout=timeout)
         except Empty:

@@ -228,6 +228,39 @@ def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
     wait_for(lambda: not any(n.startswith("ViZDoom") for n in shm_files() - shm_before), 5, "engine shared memory removed")
 
 
+@pytest.mark.doom
+def test_hung_engine_is_reported_with_stack_and_stops_the_run(tmp_path):
+    """A VizDoom engine that stops answering (SIGSTOP: what a hung engine looks like to its host) leaves its rollout
+    worker blocked in make_action: no exception, no exit code. The heartbeat watchdog names the worker with its Python
+    stack within --stall_timeout_sec, the run stops with a final checkpoint and exit 1, and the stuck worker, its
+    engines and their shared memory are gone afterwards."""
+    pytest.importorskip("vizdoom")
+    shm_before = shm_files()
+    log = tmp_path / "log.txt"
+    p = start_train(["--env", "doom_basic", "--experiment", "e2e", "--train_dir", str(tmp_path), "--num_workers", "2",
+                     "--num_envs_per_worker", "2", "--hidden_size", "32", "--report_interval_sec", "1",
+                     "--stall_timeout_sec", "4", "--train_for_seconds", "300", "--device", "cpu"], log)
+    try:
+        wait_for(lambda: re.search(r"Total num frames: [1-9]", log.read_text()), 120, "frames to be collected")
+        worker = psutil.Process(child_pids(log)["rollout_worker_1"])
+        engines = [c for c in worker.children() if c.name() == "vizdoom"]
+        assert len(engines) == 2, engines
+        engines[0].suspend()
+        t0 = time.time()
+        rc = p.wait(timeout=60)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert rc == 1, text[-3000:]
+    report = text.split("rollout_worker_1 gave no sign of life for ")[1]
+    assert "(--stall_timeout_sec 4): it is stuck" in report and "most recent call first" in report
+    assert re.search(r"doom_env\.py\", line \d+ in step\n.*rollout_worker\.py\", line \d+ in _step_group", report), report[:2000]
+    assert "Saved final checkpoint" in text
+    assert time.time() - t0 < 4 + 10 + 10, "detection (4 s) and the stop (10 s) took too long"
+    assert not any(_alive(pid) for pid in [worker.pid, *(e.pid for e in engines)])
+    wait_for(lambda: not any(n.startswith("ViZDoom") for n in shm_files() - shm_before), 5, "engine shared memory removed")
+
+
 def test_corrupted_latest_falls_back_and_incompatible_is_one_line(tmp_path, entry):
     args = train_args(tmp_path, "test_corridor", "--num_workers", "1", "--train_for_env_steps", "1500")
     assert entry("train.py", *args, timeout=180).returncode == 0
