@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ def _random_actions(space, rng, n):
 
 
 def worker(idx: int, args, start_evt, result_q, pin: bool) -> None:
+    envs = []
     try:
         if pin and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {idx % os.cpu_count()})
@@ -41,7 +43,8 @@ def worker(idx: int, args, start_evt, result_q, pin: bool) -> None:
         from sf_envs.registry import env_spec, make_env
         cfg = env_cfg(args.env, seed=args.seed)
         spec = env_spec(args.env, cfg)
-        envs = [make_env(cfg, env_index=idx * args.num_envs_per_worker + e) for e in range(args.num_envs_per_worker)]
+        for e in range(args.num_envs_per_worker):
+            envs.append(make_env(cfg, env_index=idx * args.num_envs_per_worker + e))
         for env in envs:
             env.reset()
         rng = np.random.default_rng(idx)
@@ -68,38 +71,50 @@ def worker(idx: int, args, start_evt, result_q, pin: bool) -> None:
         t0 = time.perf_counter()
         samples, episodes = run(args.duration)
         elapsed = time.perf_counter() - t0
-        for env in envs:
-            env.close()
         result_q.put(("done", idx, samples, samples * spec.frameskip, episodes, elapsed))
     except Exception as e:  # report instead of hanging the parent
         result_q.put(("error", idx, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+    finally:
+        for env in envs:  # an env's engine process (VizDoom) must not outlive this worker
+            env.close()
 
 
 def measure(args, num_workers: int) -> dict:
+    """Start `num_workers` processes, let each make and warm up its envs, measure one common window. Raises
+    RuntimeError naming the worker when one fails or does not report in time (an env stuck in its engine)."""
+    from sf.runner.supervision import kill_tree
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     start_evt, result_q = ctx.Event(), ctx.Queue()
     pin = args.affinity and num_workers <= (os.cpu_count() or 1)
     procs = [ctx.Process(target=worker, args=(i, args, start_evt, result_q, pin), daemon=True) for i in range(num_workers)]
     for p in procs:
         p.start()
-    ready, results = 0, []
+
+    def receive(what: str, timeout: float, pending: set) -> tuple:
+        try:
+            msg = result_q.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"worker(s) {sorted(pending)} did not {what} within {timeout:.0f} s "
+                               f"(an env stuck in its engine?)") from None
+        if msg[0] == "error":
+            raise RuntimeError(f"worker {msg[1]}: {msg[2]}")
+        pending.discard(msg[1])
+        return msg
+
+    results = []
     try:
-        while ready < num_workers:
-            msg = result_q.get(timeout=args.warmup + 300)
-            if msg[0] == "error":
-                raise RuntimeError(f"worker {msg[1]}: {msg[2]}")
-            ready += 1
+        pending = set(range(num_workers))
+        while pending:
+            receive("make and warm up their envs", args.warmup + 120 + 5 * args.num_envs_per_worker, pending)
         start_evt.set()  # every worker measures the same window
-        while len(results) < num_workers:
-            msg = result_q.get(timeout=args.duration + 300)
-            if msg[0] == "error":
-                raise RuntimeError(f"worker {msg[1]}: {msg[2]}")
-            results.append(msg)
+        pending = set(range(num_workers))
+        while pending:
+            results.append(receive("finish the measurement", args.duration + 120, pending))
     finally:
         for p in procs:
             p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+            if p.is_alive():  # stuck: it and its env engines (with their shared memory) are killed
+                kill_tree(p)
     samples = sum(r[2] for r in results)
     frames = sum(r[3] for r in results)
     elapsed = max(r[5] for r in results)
