@@ -121,6 +121,7 @@ class Runner:
         self.stats = RunStats(exp_dir, cfg.stats_avg, self.spec.frameskip)
         self.procs: dict[str, torch.multiprocessing.Process] = {}
         self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
+        self.last_watch = time.monotonic()  # the stall watchdog's last look
         self.exit_code = 0
         self.interrupts = 0
         log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB)",
@@ -185,6 +186,10 @@ class Runner:
         timeout = self.cfg.stall_timeout_sec
         if timeout <= 0 or self.state.stopping():
             return True
+        now = time.monotonic()
+        if now - self.last_watch > 5.0:  # the runner itself was stopped (Ctrl-Z, then fg) or starved: all silence so far
+            self.state.beat_all()         # is nobody's fault
+        self.last_watch = now
         for name, p in self.procs.items():
             idle = self.state.seconds_since_beat(name)
             if idle > timeout and p.is_alive():

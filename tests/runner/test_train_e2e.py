@@ -164,6 +164,34 @@ def test_sigint_stops_everything_and_cleans_up(tmp_path):
     assert shm_files() <= shm_before
 
 
+def test_stopped_and_continued_run_is_not_a_stall(tmp_path):
+    """Ctrl-Z then fg stops and continues every process at once, in no order: the watchdog must not take the pause
+    for a stall (a worker continued after the runner has a stale heartbeat), and the run goes on."""
+    log = tmp_path / "log.txt"
+    p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--stall_timeout_sec", "10",
+                               "--train_for_seconds", "300"), log)  # 10 s: more than a worker's start-up here
+    try:
+        wait_for(lambda: re.search(r"Policy version: [1-9]", log.read_text()), 90, "training to report")
+        runner = psutil.Process(p.pid)
+        tree = [runner, *runner.children(recursive=True)]
+        for proc in tree:
+            proc.suspend()
+        time.sleep(14)
+        for proc in tree:  # the runner first, the workers a second later: their heartbeats are the stalest possible
+            proc.resume()
+            time.sleep(1.0 if proc is runner else 0.0)
+        frames = lambda: [int(x) for x in re.findall(r"Total num frames: (\d+)", log.read_text())]
+        resumed_at = frames()[-1]
+        wait_for(lambda: frames()[-1] > resumed_at, 30, "frames to be collected again after the pause")
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=20)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert "gave no sign of life" not in text, text[-3000:]
+    assert rc == 0, text[-3000:]
+
+
 def test_sigkill_then_resume_continues_counters(tmp_path):
     log = tmp_path / "log.txt"
     args = train_args(tmp_path, "test_corridor", "--num_workers", "2", "--save_every_sec", "1", "--train_for_seconds", "300")
