@@ -10,6 +10,7 @@ TensorBoard tags follow Sample Factory's habits (one writer per policy, under tr
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from pathlib import Path
 
@@ -39,7 +40,10 @@ class RunStats:
     def writer(self):
         if self._writer is None:
             from tensorboardX import SummaryWriter
-            self._writer = SummaryWriter(str(self.exp_dir), flush_secs=5)
+            # tensorboardX's writer thread fsyncs the event file every flush; on a loaded VM one fsync has taken 26 s,
+            # and with the default queue of 10 events the runner's add_scalar then waits for it: supervision,
+            # reports and Ctrl-C handling stalled with it. A queue that never fills keeps the runner free of disk I/O.
+            self._writer = SummaryWriter(str(self.exp_dir), flush_secs=5, max_queue=100_000)
         return self._writer
 
     # --- inputs ---
@@ -113,9 +117,13 @@ class RunStats:
             if v == v:  # skip NaN (no data yet)
                 w.add_scalar(tag, v, step)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the TensorBoard writer (final write and fsync), waiting at most `timeout`: a run does not outlive its
+        stop for the disk's sake. On a disk that slow, the last summaries may be lost; checkpoints are not (learner)."""
         if self._writer is not None:
-            self._writer.close()
+            closer = threading.Thread(target=self._writer.close, name="tensorboard_close", daemon=True)
+            closer.start()
+            closer.join(timeout)
 
 
 def read_event_scalars(exp_dir: Path) -> dict[str, list[tuple[int, float]]]:
