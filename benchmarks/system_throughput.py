@@ -134,7 +134,7 @@ def main() -> None:
                 for n in sorted({args.sim_envs_per_worker, *layouts.values()}):
                     sims[n] = pure_simulation(env, args.num_workers, n, min(30, args.duration))
                     results.setdefault((env, "sim", n), []).append(
-                        {"fps": sims[n], "ratio": sims[n] / sims[args.sim_envs_per_worker], "ratio_same": 1.0, "lag": math.nan})
+                        {"fps": sims[n], "ratio": sims[n] / sims[args.sim_envs_per_worker], "lag": math.nan})
                     print(f"... {env} round {rnd + 1} simulation, {n} envs/process: {sims[n]:.0f} frames/s",
                           file=sys.stderr, flush=True)
                 best = sims[args.sim_envs_per_worker]
@@ -156,11 +156,11 @@ def main() -> None:
               "train": "full training (default config)"}
     rows = []
     for (env, mode, k), runs in results.items():
-        ratios, same = [r["ratio"] for r in runs], [r["ratio_same"] for r in runs]
+        ratios = [r["ratio"] for r in runs]
         lags = [r["lag"] for r in runs if not math.isnan(r["lag"])]
         rows.append([env, labels[mode], k, f"{statistics.median(r['fps'] for r in runs):.0f}",
                      f"{statistics.median(ratios):.2f}", " ".join(f"{x:.2f}" for x in ratios) if len(runs) > 1 else "-",
-                     f"{statistics.median(same):.2f}" if mode != "sim" else "-",
+                     f"{statistics.median(r['ratio_same'] for r in runs):.2f}" if mode != "sim" else "-",
                      f"{statistics.mean(lags):.1f}" if mode == "train" and lags else "-"])
     best = args.sim_envs_per_worker
     print(table(rows, ["env", "mode", "envs/worker", "env frames/s (median)",

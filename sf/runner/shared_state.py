@@ -21,7 +21,7 @@ class SharedState:
     def __init__(self, num_workers: int, num_policy_workers: int = 1):
         names = ["learner", *(f"policy_worker_{i}" for i in range(num_policy_workers)),
                  *(f"rollout_worker_{w}" for w in range(num_workers))]
-        self.heartbeat_slots = {name: i for i, name in enumerate(names)}
+        self._heartbeat_slots = {name: i for i, name in enumerate(names)}
         self.heartbeats = torch.full((len(names),), time.monotonic(), dtype=torch.float64).share_memory_()
         self.stop = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.worker_frames = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
@@ -48,7 +48,7 @@ class SharedState:
         self._worker_frames_np[worker] = frames
 
     def heartbeat_slot(self, name: str) -> int:
-        return self.heartbeat_slots[name]
+        return self._heartbeat_slots[name]
 
     def beat(self, slot: int) -> None:
         """A sign of life of the process owning `slot` (heartbeat_slot(its name)); ~0.2 us, fine in a step loop."""
@@ -58,7 +58,7 @@ class SharedState:
         self._heartbeats_np[:] = time.monotonic()
 
     def seconds_since_beat(self, name: str) -> float:
-        return time.monotonic() - float(self._heartbeats_np[self.heartbeat_slots[name]])
+        return time.monotonic() - float(self._heartbeats_np[self._heartbeat_slots[name]])
 
     def request_stop(self) -> None:
         self.stop[0] = 1
