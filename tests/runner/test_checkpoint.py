@@ -1,10 +1,14 @@
-"""Checkpoint module: roundtrip, weights_only safety, pruning, best, corruption fallback, compatibility
-errors and kill-safety of the atomic write."""
+"""Checkpoint module: roundtrip, weights_only safety, pruning, best, corruption fallback, verification of
+forged files (never trusted by their names), compatibility errors, one-line I/O errors (disk full, read-only)
+and kill-safety of the atomic write."""
 import logging
 import multiprocessing as mp
+import errno
 import os
 import random
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -189,10 +193,15 @@ def test_best_replaced_only_by_better_and_survives_restart(tmp_path):
     assert names(mgr.dir.glob("best_*.pth")) == [s.name]
 
 
-def test_negative_best_values_parse(tmp_path):
+def test_best_value_after_restart_is_the_exact_stored_value(tmp_path):
+    # was: parsed from the name (rounded to -12.346); now read from the file's best_metric
     mgr = CheckpointManager(tmp_path)
-    mgr.save_best(small_state(1, 1), 1, 1, -12.3456)
-    assert CheckpointManager(tmp_path).best_value == pytest.approx(-12.346)
+    path = mgr.save_best(small_state(1, 1), 1, 1, -12.3456)
+    assert path.name == "best_000000001_1_reward_-12.346.pth"
+    restarted = CheckpointManager(tmp_path)
+    assert restarted.best_value == -12.3456
+    assert restarted.save_best(small_state(2, 2), 2, 2, -12.3458) is None  # rounds to the same name, but is worse
+    assert restarted.save_best(small_state(3, 3), 3, 3, -12.3455) is not None
 
 
 # --- corruption --------------------------------------------------------------------------------------------
@@ -342,7 +351,7 @@ def test_failed_write_keeps_previous_and_leaves_no_partial_file(tmp_path, monkey
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ckpt.torch, "save", half_then_fail)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match="checkpoint_000000002_20.pth: No space left on device$"):
         mgr.save(small_state(2, 20), 2, 20)
     monkeypatch.setattr(ckpt.torch, "save", real_save)
 
@@ -350,7 +359,7 @@ def test_failed_write_keeps_previous_and_leaves_no_partial_file(tmp_path, monkey
         raise OSError("rename failed")
 
     monkeypatch.setattr(ckpt.os, "replace", replace_fails)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match="checkpoint_000000003_30.pth: rename failed$"):
         mgr.save(small_state(3, 30), 3, 30)
     monkeypatch.undo()
 
@@ -409,3 +418,382 @@ def test_sigkill_during_save_always_leaves_a_loadable_checkpoint(tmp_path, caplo
                                       "meta": {}}, version, 0)
     assert not list(mgr.dir.glob("*.tmp"))
     assert len(CheckpointManager(tmp_path).latest()) == 2
+
+
+# --- verification: files are not trusted by their names ------------------------------------------------------
+
+STRAY = "checkpoint_000009999_99999999.pth"  # named like a far newer checkpoint
+
+
+def _forge_garbage(mgr, name):
+    (mgr.dir / name).write_bytes(b"\x00garbage" * 100)
+
+
+def _forge_foreign_torch_file(mgr, name):
+    torch.save({"weights": torch.ones(3), "step": 5}, mgr.dir / name)  # loads fine, but lacks our keys
+
+
+def _forge_renamed_copy(mgr, name):
+    # a real, fully loadable checkpoint whose name claims another version than its content
+    shutil.copy(mgr.latest()[-1], mgr.dir / name)
+
+
+FORGERIES = [_forge_garbage, _forge_foreign_torch_file, _forge_renamed_copy]
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("forge", FORGERIES)
+def test_stray_regular_file_is_moved_aside_and_never_prunes_real_ones(tmp_path, caplog, forge):
+    mgr = CheckpointManager(tmp_path, keep_checkpoints=2)
+    for v in (1, 2):
+        mgr.save(small_state(v, v * 10), v, v * 10)
+    forge(mgr, STRAY)
+    stray_bytes = (mgr.dir / STRAY).read_bytes()
+
+    with caplog.at_level(logging.WARNING):
+        for v in (3, 4, 5):
+            mgr.save(small_state(v, v * 10), v, v * 10)
+    # the issue: with the stray counted as the newest, only one real checkpoint was left
+    assert names(mgr.latest()) == ["checkpoint_000000005_50.pth", "checkpoint_000000004_40.pth"]
+    assert sorted(p.name for p in mgr.dir.glob("*.pth")) == ["checkpoint_000000004_40.pth",
+                                                             "checkpoint_000000005_50.pth"]
+    moved = mgr.dir / "rejected" / STRAY
+    assert moved.read_bytes() == stray_bytes  # kept for inspection, outside every glob of ours
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and STRAY in warnings[0] and "rejected" in warnings[0], warnings
+
+    state = CheckpointManager(tmp_path).load("latest")
+    assert state["policy_version"] == 5 and state["path"].endswith("checkpoint_000000005_50.pth")
+
+
+@pytest.mark.parametrize("forge", FORGERIES)
+def test_stray_regular_file_at_resume_falls_back_to_the_real_latest(tmp_path, caplog, forge):
+    mgr = CheckpointManager(tmp_path, keep_checkpoints=2)
+    for v in (1, 2):
+        mgr.save(small_state(v, v * 10), v, v * 10)
+    forge(mgr, STRAY)
+    resumed = CheckpointManager(tmp_path, keep_checkpoints=2)
+    with caplog.at_level(logging.WARNING):
+        state = resumed.load("latest")
+    assert state["policy_version"] == 2
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and STRAY in warnings[0] and "checkpoint_000000002_20.pth" in warnings[0]
+    assert not (mgr.dir / STRAY).exists() and (mgr.dir / "rejected" / STRAY).exists()
+    assert names(resumed.latest()) == ["checkpoint_000000002_20.pth", "checkpoint_000000001_10.pth"]
+
+
+def test_name_must_match_content_exactly(tmp_path, caplog):
+    mgr = CheckpointManager(tmp_path, keep_checkpoints=5)
+    real = mgr.save(small_state(3, 30), 3, 30)
+    # same numbers, other spelling (no zero padding): still not the name this content gives
+    shutil.copy(real, mgr.dir / "checkpoint_3_30.pth")
+    shutil.copy(real, mgr.dir / "checkpoint_000000003_31.pth")  # env steps disagree
+    with caplog.at_level(logging.WARNING):
+        assert names(mgr.latest()) == [real.name]
+    assert sorted(p.name for p in (mgr.dir / "rejected").iterdir()) == ["checkpoint_000000003_31.pth",
+                                                                       "checkpoint_3_30.pth"]
+    assert any("would be named checkpoint_000000003_30.pth" in w for w in _warnings(caplog))
+
+
+def test_second_stray_of_the_same_name_is_kept_too(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(small_state(1, 10), 1, 10)
+    for content in (b"first", b"second"):
+        (mgr.dir / STRAY).write_bytes(content)
+        assert mgr.load()["policy_version"] == 1
+    rejected = mgr.dir / "rejected"
+    assert (rejected / STRAY).read_bytes() == b"first" and (rejected / f"{STRAY}.1").read_bytes() == b"second"
+
+
+HUGE_BEST = "best_000000099_9900_reward_1000000.000.pth"
+
+
+def _forge_best_garbage(mgr, name):
+    (mgr.dir / name).write_bytes(b"not a checkpoint")
+
+
+def _forge_best_from_regular(mgr, name):
+    # a real checkpoint (right version and steps) without best_metric, renamed to claim a huge value
+    torch.save(small_state(99, 9900), mgr.dir / name)
+
+
+def _forge_best_value_in_name(mgr, name):
+    # a complete best checkpoint whose stored value (3.0) is not the one in its name
+    torch.save(dict(small_state(99, 9900), best_metric={"name": "reward", "value": 3.0}), mgr.dir / name)
+
+
+BEST_FORGERIES = [_forge_best_garbage, _forge_best_from_regular, _forge_best_value_in_name]
+
+
+@pytest.mark.parametrize("forge", BEST_FORGERIES)
+def test_stray_best_file_does_not_set_the_best_value(tmp_path, caplog, forge):
+    mgr = CheckpointManager(tmp_path, save_best_metric="reward")
+    real = mgr.save_best(small_state(1, 100), 1, 100, 1.5)
+    forge(mgr, HUGE_BEST)
+
+    restarted = CheckpointManager(tmp_path, save_best_metric="reward")
+    with caplog.at_level(logging.WARNING):
+        assert restarted.best_value == 1.5  # from the real best file's metadata
+        assert restarted.best() == real
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and HUGE_BEST in warnings[0], warnings
+    assert (mgr.dir / "rejected" / HUGE_BEST).exists() and not (mgr.dir / HUGE_BEST).exists()
+
+    # the issue: no best checkpoint was ever saved again; now an improvement is saved
+    assert restarted.save_best(small_state(2, 200), 2, 200, 1.0) is None
+    better = restarted.save_best(small_state(3, 300), 3, 300, 2.0)
+    assert better is not None and names(mgr.dir.glob("best_*.pth")) == [better.name]
+    loaded = CheckpointManager(tmp_path).load("best")  # what enjoy --load_checkpoint_kind best does
+    assert loaded["path"] == str(better) and loaded["best_metric"] == {"name": "reward", "value": 2.0}
+
+
+@pytest.mark.parametrize("forge", BEST_FORGERIES)
+def test_only_a_stray_best_file(tmp_path, caplog, forge):
+    mgr = CheckpointManager(tmp_path, save_best_metric="reward")
+    mgr.save(small_state(1, 10), 1, 10)
+    forge(mgr, HUGE_BEST)
+    enjoy = CheckpointManager(tmp_path)
+    # the stray is not a best checkpoint; and since a file was there, this is an error, not "train first"
+    with caplog.at_level(logging.WARNING), pytest.raises(CheckpointError) as e:
+        enjoy.load("best")
+    msg = str(e.value)
+    assert "\n" not in msg and HUGE_BEST in msg and "rejected" in msg
+    with pytest.raises(CheckpointError, match="moved to .*rejected"):  # a later run is told too
+        CheckpointManager(tmp_path).load("best")
+
+    learner = CheckpointManager(tmp_path, save_best_metric="reward")
+    assert learner.best_value == float("-inf") and learner.best() is None
+    first = learner.save_best(small_state(2, 20), 2, 20, 0.25)
+    assert first is not None
+    assert CheckpointManager(tmp_path).load("best")["policy_version"] == 2
+
+
+def test_best_of_another_metric_is_deleted_only_when_verified(tmp_path):
+    mgr = CheckpointManager(tmp_path, save_best_metric="score")
+    old = mgr.save_best(small_state(1, 10), 1, 10, 5.0)
+    unrelated = mgr.dir / "best_notes.pth"  # not named like ours: never touched
+    unrelated.write_bytes(b"x")
+    forged = mgr.dir / "best_000000002_20_score_9.000.pth"
+    forged.write_bytes(b"garbage")
+    reward = CheckpointManager(tmp_path, save_best_metric="reward")
+    new = reward.save_best(small_state(3, 30), 3, 30, 1.0)
+    assert not old.exists() and unrelated.exists() and (mgr.dir / "rejected" / forged.name).exists()
+    assert sorted(p.name for p in mgr.dir.glob("best_*.pth")) == sorted([new.name, unrelated.name])
+
+
+def test_unreadable_file_is_left_in_place_not_counted_not_deleted(tmp_path, caplog, monkeypatch):
+    # e.g. a file this user may not read: it may be fine, so it is not moved aside, but it never decides
+    # what is pruned or loaded
+    mgr = CheckpointManager(tmp_path, keep_checkpoints=1)
+    mgr.save(small_state(1, 10), 1, 10)
+    locked = mgr.dir / STRAY
+    torch.save(small_state(9999, 99999999), locked)
+    real_load = ckpt._load_for_verification
+
+    def load(path):
+        if path.name == STRAY:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_load(path)
+
+    monkeypatch.setattr(ckpt, "_load_for_verification", load)
+    resumed = CheckpointManager(tmp_path, keep_checkpoints=1)
+    with caplog.at_level(logging.WARNING):
+        assert resumed.load()["policy_version"] == 1
+        resumed.save(small_state(2, 20), 2, 20)
+    assert locked.exists() and not (mgr.dir / "rejected").exists()
+    assert names(resumed.latest()) == ["checkpoint_000000002_20.pth"]
+    assert sorted(p.name for p in mgr.dir.glob("*.pth")) == ["checkpoint_000000002_20.pth", STRAY]
+    assert any(STRAY in w and "Permission denied" in w for w in _warnings(caplog))
+
+
+def test_each_file_is_read_once_per_manager(tmp_path, monkeypatch):
+    writer = CheckpointManager(tmp_path, keep_checkpoints=3)
+    for v in (1, 2, 3):
+        writer.save(small_state(v, v * 10), v, v * 10)
+    writer.save_best(small_state(3, 30), 3, 30, 1.0)
+    reads = []
+    real_load = ckpt._load_for_verification
+    monkeypatch.setattr(ckpt, "_load_for_verification", lambda p: reads.append(p.name) or real_load(p))
+
+    mgr = CheckpointManager(tmp_path, keep_checkpoints=3)
+    assert reads == []  # constructing reads nothing
+    for v in range(4, 10):
+        mgr.save(small_state(v, v * 10), v, v * 10)
+        mgr.save_best(small_state(v, v * 10), v, v * 10, float(v))
+    mgr.latest(), mgr.best(), mgr.best_value
+    # only the files of the previous run were read, each once; what this manager wrote is known already
+    assert sorted(reads) == sorted(["checkpoint_000000001_10.pth", "checkpoint_000000002_20.pth",
+                                    "checkpoint_000000003_30.pth", "best_000000003_30_reward_1.000.pth"])
+
+    # a file changed on disk (same name, other content) is read again
+    reads.clear()
+    newest = mgr.latest()[0]
+    torch.save(small_state(99, 99), newest)
+    assert newest not in mgr.latest() and reads == [newest.name]
+
+
+def test_save_refuses_state_that_would_not_verify(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(ValueError, match="policy_version 1"):
+        mgr.save(small_state(1, 10), 2, 10)  # the name would disagree with the content
+    with pytest.raises(ValueError, match="keys"):
+        mgr.save({"model": {}}, 1, 10)
+    with pytest.raises(ValueError, match="best_metric"):
+        model = TinyModel()
+        make_checkpoint_state(model, None, 1, 1, meta_for(model), extra={"best_metric": 1})
+    assert not mgr.dir.exists() or not list(mgr.dir.iterdir())
+
+
+# --- I/O failures: one line, previous files intact ---------------------------------------------------------
+
+def _snapshot(directory: Path) -> dict:
+    return {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
+
+
+def _big_state(version: int, steps: int) -> dict:
+    model = TinyModel()
+    return make_checkpoint_state(model, None, version, steps, meta_for(model), extra={"blob": torch.zeros(400_000)})
+
+
+def _one_line_error(excinfo, *parts):
+    msg = str(excinfo.value)
+    assert "\n" not in msg, msg
+    for part in parts:
+        assert part in msg, (part, msg)
+    return msg
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 1 MiB filesystem (tmpfs); skipped where mounting is not allowed."""
+    mnt = tmp_path / "small_fs"
+    mnt.mkdir()
+    try:
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"cannot mount a small tmpfs here: {e}")
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def _remount(mnt: Path, mode: str):
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True, capture_output=True, timeout=30)
+
+
+def test_disk_full_on_a_real_filesystem(small_fs):
+    mgr = CheckpointManager(small_fs / "exp", keep_checkpoints=2)
+    mgr.save(small_state(1, 10), 1, 10)
+    mgr.save_best(small_state(1, 10), 1, 10, 1.0)
+    before = _snapshot(mgr.dir)
+
+    with pytest.raises(CheckpointError) as e:
+        mgr.save(_big_state(12, 4096), 12, 4096)
+    _one_line_error(e, f"cannot write checkpoint {mgr.dir / 'checkpoint_000000012_4096.pth'}: No space left on device")
+    with pytest.raises(CheckpointError) as e:
+        mgr.save_best(_big_state(12, 4096), 12, 4096, 2.0)
+    _one_line_error(e, str(mgr.dir / "best_000000012_4096_reward_2.000.pth"), "No space left on device")
+    assert _snapshot(mgr.dir) == before  # byte-identical, and no temp file left behind
+    assert mgr.best_value == 1.0  # the failed best does not count
+
+    # once there is room again (here: a smaller checkpoint), saving works and prunes as usual
+    mgr.save(small_state(13, 5000), 13, 5000)
+    assert mgr.save_best(small_state(13, 5000), 13, 5000, 2.0) is not None
+    assert CheckpointManager(small_fs / "exp").load()["policy_version"] == 13
+
+
+def test_read_only_filesystem(small_fs, caplog):
+    mgr = CheckpointManager(small_fs / "exp", keep_checkpoints=2)
+    for v in (1, 2):
+        mgr.save(small_state(v, v * 10), v, v * 10)
+    (mgr.dir / STRAY).write_bytes(b"garbage")
+    before = _snapshot(mgr.dir)
+    _remount(small_fs, "ro")
+    try:
+        with pytest.raises(CheckpointError) as e:
+            mgr.save(small_state(3, 30), 3, 30)
+        _one_line_error(e, str(mgr.dir / "checkpoint_000000003_30.pth"), "Read-only file system")
+        with pytest.raises(CheckpointError) as e:
+            mgr.save_best(small_state(3, 30), 3, 30, 1.0)
+        _one_line_error(e, "Read-only file system")
+        with pytest.raises(CheckpointError) as e:
+            CheckpointManager(small_fs / "other_exp").save(small_state(1, 1), 1, 1)
+        _one_line_error(e, f"cannot create checkpoint directory {small_fs / 'other_exp' / 'checkpoint_p0'}",
+                        "Read-only file system")
+        # reading still works; the stray cannot be moved aside, so it is ignored (and reported once)
+        reader = CheckpointManager(small_fs / "exp")
+        with caplog.at_level(logging.WARNING):
+            assert reader.load()["policy_version"] == 2
+            assert names(reader.latest()) == ["checkpoint_000000002_20.pth", "checkpoint_000000001_10.pth"]
+        warnings = _warnings(caplog)
+        assert len(warnings) == 1 and STRAY in warnings[0] and "could not move" in warnings[0], warnings
+        assert _snapshot(mgr.dir) == before
+    finally:
+        _remount(small_fs, "rw")
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EIO])
+@pytest.mark.parametrize("where", ["open", "write", "fsync", "replace"])
+def test_os_errors_during_save_are_one_line(tmp_path, monkeypatch, err, where):
+    """The same contract without a real filesystem: every step of the atomic write may fail."""
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(small_state(1, 10), 1, 10)
+    mgr.save_best(small_state(1, 10), 1, 10, 1.0)
+    before = _snapshot(mgr.dir)
+    failure = OSError(err, os.strerror(err))
+
+    def fail(*a, **kw):
+        raise failure
+
+    if where == "write":
+        # a file whose writes fail after a few bytes: torch.save turns this into a RuntimeError that only
+        # carries the OSError as its context, as on a really full disk
+        real_fdopen = os.fdopen
+
+        class Failing:
+            def __init__(self, f):
+                self.f, self.n = f, 0
+
+            def write(self, b):
+                self.n += len(b)
+                if self.n > 64:
+                    raise failure
+                return self.f.write(b)
+
+            def __getattr__(self, name):
+                return getattr(self.f, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.f.close()
+
+        monkeypatch.setattr(ckpt.os, "fdopen", lambda *a, **kw: Failing(real_fdopen(*a, **kw)))
+    else:
+        monkeypatch.setattr(ckpt.os, where, fail)
+    for call, name in ((lambda: mgr.save(small_state(2, 20), 2, 20), "checkpoint_000000002_20.pth"),
+                       (lambda: mgr.save_best(small_state(2, 20), 2, 20, 5.0), "best_000000002_20_reward_5.000.pth")):
+        with pytest.raises(CheckpointError) as e:
+            call()
+        _one_line_error(e, f"cannot write checkpoint {mgr.dir / name}: {os.strerror(err)}")
+    monkeypatch.undo()
+    assert _snapshot(mgr.dir) == before
+    assert mgr.best_value == 1.0 and mgr.load()["policy_version"] == 1
+
+
+def test_name_too_long(tmp_path):
+    exp = tmp_path / ("x" * 300)  # a directory component longer than any filesystem allows
+    with pytest.raises(CheckpointError) as e:
+        CheckpointManager(exp).save(small_state(1, 1), 1, 1)
+    _one_line_error(e, "cannot create checkpoint directory", "File name too long")
+    with pytest.raises(CheckpointError) as e:
+        CheckpointManager(exp).load()
+    _one_line_error(e, "cannot read checkpoint directory", "File name too long")
