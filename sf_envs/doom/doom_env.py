@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from sf_envs.doom.fetch_scenarios import fetch_hint, scenarios_dir
+from sf_envs.doom.scenario_check import check_scenario_files
 from sf_envs.doom.scenarios import NUM_MEASUREMENTS, NUM_WEAPONS, WEAPON_PREFERENCE, DoomScenario
 from sf_envs.errors import EnvUnavailableError
 from sf_envs.params import get_param
@@ -29,19 +30,27 @@ _MEAS_HIGH = np.array([20, 5, 50, 50, 50, 1, 10] + [5] * NUM_WEAPONS + [5] * NUM
 
 
 def scenario_path(scenario: DoomScenario, cfg=None) -> Path:
-    """The config file of a scenario; raises EnvUnavailableError (one line) when vizdoom or the data is missing."""
+    """The config file of a scenario, checked (scenario_check.py: cfg keys; fetched data against its pinned digests);
+    raises EnvUnavailableError (one line) when vizdoom or the data is missing or a file fails its check."""
     try:
         import vizdoom
     except ImportError:
         raise EnvUnavailableError(f"env {scenario.name} needs the vizdoom package: pip install vizdoom") from None
     if scenario.data == "vizdoom":
-        return Path(vizdoom.scenarios_path) / scenario.cfg_file
+        return check_scenario(scenario, Path(vizdoom.scenarios_path) / scenario.cfg_file)
     d = scenarios_dir(cfg)
     missing = [f for f in (scenario.cfg_file, *scenario.files) if not (d / f).is_file()]
     if missing:
         raise EnvUnavailableError(f"Doom scenario data for {scenario.name} is missing ({', '.join(missing)} not in {d}); "
                                   f"fetch it with: {fetch_hint(d)}")
-    return d / scenario.cfg_file
+    return check_scenario(scenario, d / scenario.cfg_file)
+
+
+def check_scenario(scenario: DoomScenario, path: Path) -> Path:
+    """Refuse (ScenarioDataError, one line) a cfg with keys naming executables or paths outside its directory and
+    fetched data that does not match its pinned digests; cached per file, so cheap to repeat."""
+    check_scenario_files(path, scenario.needs_fetch, scenario.files, fetch_hint(path.parent))
+    return path
 
 
 def bots_config(difficulty: int, num_bots: int) -> str:
@@ -196,6 +205,7 @@ class DoomEnv(gym.Env):
     # --- game lifecycle ---
     def _start_game(self) -> None:
         import vizdoom as vzd
+        check_scenario(self.scenario, self.config_path)  # again before each engine start (cached: a few stats)
         game = vzd.DoomGame()
         game.load_config(str(self.config_path))
         # the map path relative to the config file's directory, independent of the cwd

