@@ -1,20 +1,50 @@
 """Parameters of train.py and enjoy.py: one table, presets per env family, validation, config.json.
 
-Every parameter is declared once in `PARAMS` (name, type, default, help); env integrations add theirs
-through `sf_envs.params.ENV_PARAMS`. A configuration is resolved in layers, each over the previous:
+Every parameter is declared once in `PARAMS` (name, type, default, help, and what values are valid); env
+integrations add theirs through `sf_envs.params.ENV_PARAMS`. A configuration is resolved in layers, each
+over the previous:
 
     table defaults  <  configs/<family>.json "defaults"  <  its "envs"[<env>]  <  saved config.json
     (resume / enjoy)  <  flags given on the command line
 
-`parse_cfg` returns an `argparse.Namespace`; bad input raises `ConfigError`, whose message is one line
-naming the flag and what is allowed. Entry points print it and exit with code 2 (`cli_main`).
+Valid values. Every numeric parameter declares both bounds (`min_value`, `max_value`; inclusive unless
+`min_exclusive` / `max_exclusive`), every string parameter its `choices` or a `check`, and a list parameter
+bounds each entry. Floats must be finite (NaN and inf are never accepted). An integer may be written as
+`32`, `32.0` or `1e9` (an integral value), a boolean as True/False/1/0/yes/no (JSON true/false too), an
+optional parameter as None (JSON null). The bounds are about absurd values; whether a configuration fits
+the machine's memory is checked by the runner.
+
+Every layer goes through the same conversion and checks: a value from the command line is reported with
+its flag ("--gamma must be in [0, 1] (got 50.0)"), a value from a preset or a saved config.json with the
+file and key ("train_dir/x/config.json: key 'rollout': expected an integer, got 'abc'"); a file that is not
+a JSON object is one line naming the file. Every value of a preset is checked and a preset may only set
+parameters. Of a saved config.json only the keys that are used are checked: keys that are not parameters
+(other versions wrote them) are ignored, and so are the run's identity (experiment, train_dir,
+restart_behavior), enjoy-only parameters and those given as flags (so a flag repairs a bad saved value);
+with --restart_behavior restart/overwrite it is not read at all.
+
+The experiment name must be one plain directory name (`validate_experiment_name`: 1-128 letters, digits,
+spaces and _-.=,+@:, starting with a letter, digit or _, not ending with a space), the train dir a path
+that is not empty and not the filesystem root (`validate_train_dir`); both in train and enjoy mode. The
+default experiment name is the env name with other characters replaced by `_` (`default_experiment_name`).
+
+`parse_cfg` returns an `argparse.Namespace` and writes nothing (it reads the preset and the saved config.json).
+Bad input raises `ConfigError`, whose message is one line; entry points print it and exit with code 2
+(`cli_main`). A failure that is not the
+user's input (an OS error writing config.json) raises `RunError`: one line, exit code 1. config.json is
+written by `save_cfg`, which the runner calls only after every check has passed: atomically (temporary
+file, fsync, rename, fsync of the directory).
 """
 from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import json
+import math
 import os
+import secrets
+import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,21 +53,38 @@ from typing import Any, Callable, Optional, Sequence
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
 
+EXPERIMENT_NAME_MAX_LEN = 128  # well under NAME_MAX (255): the runner appends suffixes such as _old_<stamp>_<n>
+EXPERIMENT_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-.=,+@: ")
+PATH_MAX_BYTES = 4000  # under PATH_MAX (4096), for paths given as parameters
+LIST_MAX_LEN = 64  # entries of a list parameter (nargs="+")
+MAX_TOTAL_ENVS = 65536  # num_workers * num_envs_per_worker
+MAX_SAMPLES_PER_TRAINING_BATCH = 2**24  # batch_size * num_batches_per_epoch
+
 
 class ConfigError(ValueError):
-    """A user mistake in the configuration: a one-line message naming the flag and what is allowed."""
+    """A user mistake in the configuration: a one-line message naming the flag (or file and key) and what is
+    allowed. Entry points exit with code 2."""
+
+
+class RunError(Exception):
+    """A failure that is not a mistake in the input (e.g. an OS error writing config.json): a one-line message
+    naming what failed. Entry points print it and exit with code 1."""
 
 
 @dataclass(frozen=True)
 class Param:
     name: str
-    type: Callable
+    type: Callable  # int, float, str2bool, str, _opt_int, _opt_str (optional: None allowed), or a custom converter
     default: Any
     help: str
     choices: Optional[Sequence] = None
     nargs: Optional[str] = None
     scope: str = "all"  # "all", "train" or "enjoy": which entry point shows the flag
-    min_value: Optional[float] = None  # inclusive lower bound checked by verify()
+    min_value: Optional[float] = None  # lower bound (inclusive unless min_exclusive); every entry of a list
+    max_value: Optional[float] = None  # upper bound (inclusive unless max_exclusive)
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    check: Optional[Callable[[Any], Optional[str]]] = None  # for strings: what is wrong with a value, or None
 
 
 def str2bool(v: Any) -> bool:
@@ -52,99 +99,198 @@ def str2bool(v: Any) -> bool:
 
 
 def _opt_int(v: Any) -> Optional[int]:
-    return None if v is None or str(v).lower() == "none" else int(v)
+    return None if v is None or str(v).lower() == "none" else _to_int(v)
 
 
 def _opt_str(v: Any) -> Optional[str]:
     return None if v is None or str(v).lower() == "none" else str(v)
 
 
+# --- checks of string values: each returns what is wrong (a phrase after the flag), or None -----------------
+def _control_char(s: str) -> Optional[str]:
+    return next((c for c in s if ord(c) < 32 or ord(c) == 127), None)
+
+
+def _path_problem(v: str) -> Optional[str]:
+    if not v.strip():
+        return "must not be empty"
+    bad = _control_char(v)
+    if bad is not None:
+        return f"must not contain control characters such as {bad!r} (got {_show(v)})"
+    if len(os.fsencode(v)) > PATH_MAX_BYTES:
+        return f"must be at most {PATH_MAX_BYTES} bytes long (got {len(os.fsencode(v))})"
+    return None
+
+
+def _train_dir_problem(v: str) -> Optional[str]:
+    problem = _path_problem(v)
+    if problem:
+        return problem
+    if os.path.realpath(v) == os.path.realpath(os.sep):
+        return f"must not be the filesystem root (got {_show(v)})"
+    return None
+
+
+def _experiment_problem(v: str) -> Optional[str]:
+    if v == "":
+        return "must not be empty"
+    if "/" in v or "\\" in v or (os.altsep and os.altsep in v):
+        return f"must be one directory name, without '/' or '\\' (got {_show(v)})"
+    if v in (".", ".."):
+        return f"must not be '.' or '..' (got {_show(v)})"
+    if len(v) > EXPERIMENT_NAME_MAX_LEN:
+        return f"must be at most {EXPERIMENT_NAME_MAX_LEN} characters long (got {len(v)})"
+    bad = next((c for c in v if c not in EXPERIMENT_NAME_CHARS), None)
+    if bad is not None:
+        return (f"may contain only letters, digits, spaces and _-.=,+@: (got {_show(v)}, "
+                f"which contains {bad!r})")
+    if not (v[0].isalnum() or v[0] == "_"):
+        return f"must start with a letter, a digit or _ (got {_show(v)})"
+    if v[-1] == " ":
+        return f"must not end with a space (got {_show(v)})"
+    return None
+
+
+def _env_name_problem(v: str) -> Optional[str]:  # the registry checks the name itself
+    if not v:
+        return "must not be empty"
+    bad = _control_char(v)
+    return f"must not contain control characters (got {_show(v)})" if bad is not None else None
+
+
+def validate_experiment_name(name: Any, flag: str = "--experiment") -> None:
+    """Raise ConfigError unless `name` is one plain directory name: 1..128 characters from letters, digits,
+    spaces and _-.=,+@:, starting with a letter, digit or _, not ending with a space (so never '.', '..',
+    a path or a hidden directory)."""
+    if not isinstance(name, str):
+        raise ConfigError(f"{flag}: expected a string, got {_show(name)}")
+    problem = _experiment_problem(name)
+    if problem:
+        raise ConfigError(f"{flag} {problem}")
+
+
+def validate_train_dir(train_dir: Any, flag: str = "--train_dir") -> None:
+    """Raise ConfigError if `train_dir` is empty (the current directory), contains control characters, is
+    absurdly long, or is / resolves to the filesystem root. Checks only; creates nothing."""
+    if not isinstance(train_dir, (str, os.PathLike)):
+        raise ConfigError(f"{flag}: expected a path, got {_show(train_dir)}")
+    problem = _train_dir_problem(os.fspath(train_dir))
+    if problem:
+        raise ConfigError(f"{flag} {problem}")
+
+
+def default_experiment_name(env: str) -> str:
+    """The experiment name used when --experiment is not given: the env name made a valid directory name
+    (gym:ALE/Breakout-v5 -> gym:ALE_Breakout-v5)."""
+    name = "".join(c if c in EXPERIMENT_NAME_CHARS else "_" for c in env)[:EXPERIMENT_NAME_MAX_LEN].rstrip(" ")
+    if not name or not (name[0].isalnum() or name[0] == "_"):
+        name = "_" + name[:EXPERIMENT_NAME_MAX_LEN - 1]
+    return name
+
+
 P = Param
 PARAMS: list[Param] = [
     # --- experiment ---
-    P("env", str, None, "Environment name, e.g. doom_basic, doom_battle, atari_breakout, dmlab_<level>, gym:<id>, test_corridor"),
-    P("experiment", _opt_str, None, "Experiment name; its directory is train_dir/experiment (default: the env name)"),
-    P("train_dir", str, "train_dir", "Root directory of experiments"),
+    P("env", str, None, "Environment name, e.g. doom_basic, doom_battle, atari_breakout, dmlab_<level>, gym:<id>, test_corridor",
+      check=_env_name_problem),
+    P("experiment", _opt_str, None, "Experiment name; its directory is train_dir/experiment (default: the env name). "
+      f"One directory name: 1-{EXPERIMENT_NAME_MAX_LEN} letters, digits, spaces and _-.=,+@:, starting with a "
+      "letter, digit or _", check=_experiment_problem),
+    P("train_dir", str, "train_dir", "Root directory of experiments (not empty, not /)", check=_train_dir_problem),
     P("restart_behavior", str, "resume", "resume: continue from the latest checkpoint with the saved config; "
       "restart: move the old experiment directory aside; overwrite: delete it", choices=("resume", "restart", "overwrite"), scope="train"),
-    P("seed", _opt_int, None, "Random seed (None: not seeded)"),
+    P("seed", _opt_int, None, "Random seed (None: not seeded)", min_value=0, max_value=2**32 - 1),
     P("device", str, "auto", "auto (CUDA when available, else CPU), cpu or cuda", choices=("auto", "cpu", "cuda")),
     P("serial_mode", str2bool, False, "Run every component in one process (for debugging)", scope="train"),
     # --- sampling ---
-    P("num_workers", int, os.cpu_count() or 1, "Number of rollout worker processes", scope="train", min_value=1),
-    P("num_envs_per_worker", int, 2, "Envs per rollout worker", scope="train", min_value=1),
-    P("worker_num_splits", int, 2, "Groups the envs of a worker are split into (2 = double-buffered sampling)", scope="train", min_value=1),
-    P("policy_workers_per_policy", int, 1, "Policy worker processes (batched inference)", scope="train", min_value=1),
+    P("num_workers", int, min(os.cpu_count() or 1, 4096), "Number of rollout worker processes", scope="train",
+      min_value=1, max_value=4096),
+    P("num_envs_per_worker", int, 2, "Envs per rollout worker", scope="train", min_value=1, max_value=4096),
+    P("worker_num_splits", int, 2, "Groups the envs of a worker are split into (2 = double-buffered sampling)", scope="train",
+      min_value=1, max_value=4096),
+    P("policy_workers_per_policy", int, 1, "Policy worker processes (batched inference)", scope="train", min_value=1, max_value=256),
     P("set_workers_cpu_affinity", str2bool, True, "Pin rollout workers to cores (round-robin)", scope="train"),
-    P("num_traj_buffers", int, 0, "Trajectory buffer slots in shared memory (0: enough for all envs plus two training batches)", scope="train", min_value=0),
+    P("num_traj_buffers", int, 0, "Trajectory buffer slots in shared memory (0: enough for all envs plus two training batches)",
+      scope="train", min_value=0, max_value=2**24),
     P("max_env_restarts", int, 10, "An env that raises in a rollout worker is logged with its traceback and replaced by a "
       "fresh one (its episode ends there); after this many replacements in one worker the run stops with a checkpoint "
-      "(0: the first error stops it)", scope="train", min_value=0),
+      "(0: the first error stops it)", scope="train", min_value=0, max_value=10**9),
     P("stall_timeout_sec", float, 120.0, "A process that gives no sign of life for this long (alive but stuck, e.g. in an "
       "env engine that hangs) is reported with its Python stack and the run stops with a checkpoint (0: never)",
-      scope="train", min_value=0.0),
-    P("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1),
-    P("learner_torch_threads", int, 0, "torch threads of the learner (0: number of cores)", scope="train", min_value=0),
+      scope="train", min_value=0.0, max_value=604800.0),
+    P("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1, max_value=1024),
+    P("learner_torch_threads", int, 0, "torch threads of the learner (0: number of cores)", scope="train", min_value=0, max_value=1024),
     P("sampler_only", str2bool, False, "Benchmark: the learner returns trajectories unused (measures the sampler alone)", scope="train"),
     P("random_policy", str2bool, False, "Benchmark: policy workers sample uniform random actions without the network", scope="train"),
     # --- learning ---
-    P("rollout", int, 32, "Trajectory length T (samples per trajectory)", min_value=1),
-    P("recurrence", int, 32, "Truncated BPTT length; must divide --rollout", min_value=1),
-    P("batch_size", int, 1024, "Minibatch size in samples (one SGD step); a multiple of --rollout", scope="train", min_value=1),
-    P("num_batches_per_epoch", int, 1, "Minibatches per training batch", scope="train", min_value=1),
-    P("num_epochs", int, 1, "Passes over each training batch", scope="train", min_value=1),
-    P("learning_rate", float, 1e-4, "Adam learning rate", scope="train", min_value=0.0),
-    P("adam_eps", float, 1e-6, "Adam epsilon", scope="train", min_value=0.0),
-    P("adam_beta1", float, 0.9, "Adam beta1", scope="train", min_value=0.0),
-    P("adam_beta2", float, 0.999, "Adam beta2", scope="train", min_value=0.0),
-    P("gamma", float, 0.99, "Discount factor", scope="train", min_value=0.0),
+    P("rollout", int, 32, "Trajectory length T (samples per trajectory)", min_value=1, max_value=65536),
+    P("recurrence", int, 32, "Truncated BPTT length; must divide --rollout", min_value=1, max_value=65536),
+    P("batch_size", int, 1024, "Minibatch size in samples (one SGD step); a multiple of --rollout", scope="train",
+      min_value=1, max_value=2**24),
+    P("num_batches_per_epoch", int, 1, "Minibatches per training batch", scope="train", min_value=1, max_value=65536),
+    P("num_epochs", int, 1, "Passes over each training batch", scope="train", min_value=1, max_value=1024),
+    P("learning_rate", float, 1e-4, "Adam learning rate", scope="train", min_value=0.0, min_exclusive=True, max_value=1.0),
+    P("adam_eps", float, 1e-6, "Adam epsilon", scope="train", min_value=0.0, min_exclusive=True, max_value=1.0),
+    P("adam_beta1", float, 0.9, "Adam beta1", scope="train", min_value=0.0, max_value=1.0, max_exclusive=True),
+    P("adam_beta2", float, 0.999, "Adam beta2", scope="train", min_value=0.0, max_value=1.0, max_exclusive=True),
+    P("gamma", float, 0.99, "Discount factor", scope="train", min_value=0.0, max_value=1.0),
     P("with_vtrace", str2bool, True, "V-trace targets (False: GAE)", scope="train"),
-    P("vtrace_rho", float, 1.0, "V-trace rho-bar (importance weight clip)", scope="train", min_value=0.0),
-    P("vtrace_c", float, 1.0, "V-trace c-bar (trace cutting)", scope="train", min_value=0.0),
-    P("gae_lambda", float, 0.95, "GAE lambda (with --with_vtrace False)", scope="train", min_value=0.0),
-    P("ppo_clip_ratio", float, 0.1, "PPO clip: ratio kept in [1/(1+x), 1+x]", scope="train", min_value=0.0),
-    P("ppo_clip_value", float, 1.0, "Value clipping around the behaviour value", scope="train", min_value=0.0),
-    P("exploration_loss_coeff", float, 0.003, "Entropy bonus coefficient", scope="train", min_value=0.0),
-    P("value_loss_coeff", float, 0.5, "Critic loss coefficient", scope="train", min_value=0.0),
-    P("max_grad_norm", float, 4.0, "Gradient norm clip (0: off)", scope="train", min_value=0.0),
+    P("vtrace_rho", float, 1.0, "V-trace rho-bar (importance weight clip)", scope="train", min_value=0.0, min_exclusive=True,
+      max_value=1e6),
+    P("vtrace_c", float, 1.0, "V-trace c-bar (trace cutting)", scope="train", min_value=0.0, min_exclusive=True, max_value=1e6),
+    P("gae_lambda", float, 0.95, "GAE lambda (with --with_vtrace False)", scope="train", min_value=0.0, max_value=1.0),
+    P("ppo_clip_ratio", float, 0.1, "PPO clip: ratio kept in [1/(1+x), 1+x]", scope="train", min_value=0.0, min_exclusive=True,
+      max_value=10.0),
+    P("ppo_clip_value", float, 1.0, "Value clipping around the behaviour value", scope="train", min_value=0.0, max_value=1e6),
+    P("exploration_loss_coeff", float, 0.003, "Entropy bonus coefficient", scope="train", min_value=0.0, max_value=100.0),
+    P("value_loss_coeff", float, 0.5, "Critic loss coefficient", scope="train", min_value=0.0, max_value=100.0),
+    P("max_grad_norm", float, 4.0, "Gradient norm clip (0: off)", scope="train", min_value=0.0, max_value=1e6),
     P("normalize_advantage", str2bool, True, "Normalize advantages per minibatch", scope="train"),
-    P("max_policy_lag", int, 100, "Samples older than this many SGD steps are masked out of the loss", scope="train", min_value=0),
+    P("max_policy_lag", int, 100, "Samples older than this many SGD steps are masked out of the loss", scope="train",
+      min_value=0, max_value=10**9),
     # --- model ---
     P("use_rnn", str2bool, True, "Recurrent core (False: feed-forward)"),
     P("rnn_type", str, "gru", "Recurrent core type", choices=("gru", "lstm")),
-    P("rnn_size", int, 512, "Recurrent core size", min_value=1),
-    P("hidden_size", int, 512, "Size of the fully connected layer after the encoder", min_value=1),
+    P("rnn_size", int, 512, "Recurrent core size", min_value=1, max_value=65536),
+    P("hidden_size", int, 512, "Size of the fully connected layer after the encoder", min_value=1, max_value=65536),
     P("encoder_conv_architecture", str, "auto", "Conv encoder for image observations",
       choices=("auto", "convnet_simple", "convnet_atari")),
-    P("encoder_mlp_layers", int, [512, 512], "MLP encoder layer sizes for vector observations", nargs="+"),
+    P("encoder_mlp_layers", int, [512, 512], f"MLP encoder layer sizes for vector observations (1-{LIST_MAX_LEN} layers)",
+      nargs="+", min_value=1, max_value=65536),
     P("nonlinearity", str, "elu", "Activation", choices=("elu", "relu", "tanh")),
     P("normalize_input", str2bool, True, "Running mean/std normalization of vector observations"),
     P("normalize_returns", str2bool, False, "Train the critic on normalized returns"),
     # --- budget, checkpoints, monitoring ---
-    P("train_for_env_steps", int, 10_000_000_000, "Stop after this many env frames", scope="train", min_value=1),
-    P("train_for_seconds", int, 10_000_000_000, "Stop after this many seconds", scope="train", min_value=1),
-    P("save_every_sec", int, 120, "Checkpoint period in seconds", scope="train", min_value=1),
-    P("keep_checkpoints", int, 2, "Latest checkpoints kept (plus the best)", scope="train", min_value=1),
+    P("train_for_env_steps", int, 10_000_000_000, "Stop after this many env frames", scope="train", min_value=1, max_value=10**15),
+    P("train_for_seconds", int, 10_000_000_000, "Stop after this many seconds", scope="train", min_value=1, max_value=10**10),
+    P("save_every_sec", int, 120, "Checkpoint period in seconds", scope="train", min_value=1, max_value=10**7),
+    P("keep_checkpoints", int, 2, "Latest checkpoints kept (plus the best)", scope="train", min_value=1, max_value=1000),
     P("save_best_metric", str, "reward", "Metric of the best checkpoint (average over --stats_avg episodes)", choices=("reward", "score"), scope="train"),
-    P("save_best_after", int, 100_000, "Keep a best checkpoint only after this many env frames", scope="train", min_value=0),
-    P("stats_avg", int, 100, "Episodes averaged for reward statistics", scope="train", min_value=1),
-    P("report_interval_sec", float, 5.0, "Console report period", scope="train", min_value=0.1),
-    P("experiment_summaries_interval", float, 10.0, "TensorBoard summary period in seconds", scope="train", min_value=0.1),
+    P("save_best_after", int, 100_000, "Keep a best checkpoint only after this many env frames", scope="train",
+      min_value=0, max_value=10**15),
+    P("stats_avg", int, 100, "Episodes averaged for reward statistics", scope="train", min_value=1, max_value=10**6),
+    P("report_interval_sec", float, 5.0, "Console report period", scope="train", min_value=0.1, max_value=86400.0),
+    P("experiment_summaries_interval", float, 10.0, "TensorBoard summary period in seconds", scope="train",
+      min_value=0.1, max_value=86400.0),
     # --- enjoy ---
     P("load_checkpoint_kind", str, "latest", "Checkpoint to load", choices=("latest", "best"), scope="enjoy"),
     P("no_render", str2bool, False, "Run headless (no window)", scope="enjoy", nargs="?"),
     P("save_video", str2bool, False, "Write an .mp4 of the episodes", scope="enjoy", nargs="?"),
-    P("video_name", _opt_str, None, "Video file name (default: replay_<experiment>.mp4 in the experiment dir)", scope="enjoy"),
-    P("video_frames", int, 1_000_000_000, "Maximum frames written to the video", scope="enjoy", min_value=1),
-    P("fps", int, 0, "Video/window frame rate (0: the env's natural rate)", scope="enjoy", min_value=0),
-    P("max_num_episodes", int, 1_000_000_000, "Stop after this many episodes", scope="enjoy", min_value=1),
-    P("max_num_frames", int, 1_000_000_000, "Stop after this many env frames", scope="enjoy", min_value=1),
+    P("video_name", _opt_str, None, "Video file name (default: replay_<experiment>.mp4 in the experiment dir)", scope="enjoy",
+      check=_path_problem),
+    P("video_frames", int, 1_000_000_000, "Maximum frames written to the video", scope="enjoy", min_value=1, max_value=10**12),
+    P("fps", int, 0, "Video/window frame rate (0: the env's natural rate)", scope="enjoy", min_value=0, max_value=1000),
+    P("max_num_episodes", int, 1_000_000_000, "Stop after this many episodes", scope="enjoy", min_value=1, max_value=10**12),
+    P("max_num_frames", int, 1_000_000_000, "Stop after this many env frames", scope="enjoy", min_value=1, max_value=10**15),
     P("eval_deterministic", str2bool, False, "Take the most likely action instead of sampling", scope="enjoy", nargs="?"),
 ]
 del P
 
 # Parameters that describe the run's identity: never taken from a saved config.json over the command line.
 _NOT_RESUMED = {"restart_behavior", "train_dir", "experiment"}
+
+# Named checks an env parameter (a dict in sf_envs/params.py) may give as "check".
+NAMED_CHECKS: dict[str, Callable[[Any], Optional[str]]] = {"path": _path_problem}
 
 
 def all_params() -> list[Param]:
@@ -161,8 +307,11 @@ def all_params() -> list[Param]:
                 typ = str2bool
             elif p.get("default") is None and typ in (int, str):
                 typ = _opt_int if typ is int else _opt_str
+            check = p.get("check")
             p = Param(p["name"], typ, p.get("default"), p.get("help", ""), p.get("choices"), p.get("nargs"),
-                      scope=p.get("scope", "all"), min_value=p.get("min_value"))
+                      scope=p.get("scope", "all"), min_value=p.get("min_value"), max_value=p.get("max_value"),
+                      min_exclusive=p.get("min_exclusive", False), max_exclusive=p.get("max_exclusive", False),
+                      check=NAMED_CHECKS[check] if isinstance(check, str) else check)
         params.append(p)
     return params
 
@@ -181,6 +330,189 @@ def _copy(v):
     return list(v) if isinstance(v, list) else v
 
 
+# --- conversion and range checks: the same for the command line, presets and saved config.json ---------------
+class _Bad(Exception):
+    """What is wrong with one value: a phrase that follows the flag or the file and key."""
+
+
+def _show(v: Any, limit: int = 60, text: Callable[[Any], str] = repr) -> str:
+    """A value in a message: repr (or `text`), cut to `limit` characters."""
+    try:
+        s = text(v)
+    except ValueError:  # an int of more than 4300 digits
+        return "a huge number"
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+def _got(v: Any) -> str:
+    return _show(v, text=str)
+
+
+def _to_int(v: Any) -> int:
+    """An int from an int, an integral float (32.0, 1e9) or its string form; raises ValueError otherwise."""
+    if isinstance(v, bool):
+        raise ValueError(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        s = v.strip()
+        try:
+            return int(s, 10)
+        except ValueError:
+            v = float(s)  # "1e9", "32.0"; ValueError for anything else
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise ValueError(v)
+
+
+def _kind(p: Param) -> tuple[str, bool]:
+    """(kind, optional): kind is int, float, bool, str or custom; optional: None is a valid value."""
+    kind = {int: "int", _opt_int: "int", float: "float", str2bool: "bool", str: "str", _opt_str: "str"}.get(p.type, "custom")
+    return kind, p.type in (_opt_int, _opt_str)
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    return str(x)
+
+
+def range_text(p: Param) -> Optional[str]:
+    """'[0, 1)' for a parameter with bounds, else None."""
+    if p.min_value is None and p.max_value is None:
+        return None
+    lo = "-inf" if p.min_value is None else _fmt(p.min_value)
+    hi = "inf" if p.max_value is None else _fmt(p.max_value)
+    return f"{'(' if p.min_exclusive else '['}{lo}, {hi}{')' if p.max_exclusive else ']'}"
+
+
+def _out_of_range(p: Param, x: Any) -> bool:
+    if p.min_value is not None and (x <= p.min_value if p.min_exclusive else x < p.min_value):
+        return True
+    return p.max_value is not None and (x >= p.max_value if p.max_exclusive else x > p.max_value)
+
+
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "True or False", "str": "a string"}
+
+
+def _convert_one(p: Param, kind: str, v: Any) -> Any:
+    try:
+        if kind == "int":
+            return _to_int(v)
+        if kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+                raise ValueError(v)
+            return float(v.strip() if isinstance(v, str) else v)
+        if kind == "bool":
+            if not isinstance(v, (bool, int, str)):
+                raise ValueError(v)
+            return str2bool(v)
+        if kind == "str":
+            if not isinstance(v, str):
+                raise ValueError(v)
+            return v
+        return p.type(v)
+    except (ValueError, TypeError, OverflowError, argparse.ArgumentTypeError):
+        raise _Bad(f"expected {_EXPECTED.get(kind, 'a valid value')}, got {_show(v)}") from None
+
+
+def convert(p: Param, raw: Any) -> Any:
+    """The value of `p` from a command-line string or a JSON value, checked (`check_value`); raises _Bad."""
+    kind, optional = _kind(p)
+    if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() == "none")):
+        return None
+    if p.nargs == "+":
+        if not isinstance(raw, list):
+            raise _Bad(f"expected a list of {'integers' if kind == 'int' else 'values'}, got {_show(raw)}")
+        value = [_convert_one(p, kind, x) for x in raw]
+    else:
+        value = _convert_one(p, kind, raw)
+    check_value(p, value)
+    return value
+
+
+def check_value(p: Param, value: Any) -> None:
+    """Raise _Bad unless `value` (already of the parameter's type) is valid for `p`."""
+    kind, optional = _kind(p)
+    if value is None:
+        if optional:
+            return
+        raise _Bad(f"expected {_EXPECTED.get(kind, 'a value')}, got None")
+    if p.nargs == "+":
+        if not isinstance(value, list):
+            raise _Bad(f"expected a list, got {_show(value)}")
+        if not 1 <= len(value) <= LIST_MAX_LEN:
+            raise _Bad(f"must have 1 to {LIST_MAX_LEN} entries (got {len(value)})")
+        items = value
+    else:
+        items = [value]
+    for x in items:
+        if kind == "int" and (isinstance(x, bool) or not isinstance(x, int)):
+            raise _Bad(f"expected an integer, got {_show(x)}")
+        if kind == "float" and (isinstance(x, bool) or not isinstance(x, (int, float))):
+            raise _Bad(f"expected a number, got {_show(x)}")
+        if kind == "bool" and not isinstance(x, bool):
+            raise _Bad(f"expected True or False, got {_show(x)}")
+        if kind == "str" and not isinstance(x, str):
+            raise _Bad(f"expected a string, got {_show(x)}")
+    if p.choices is not None and value not in p.choices:
+        raise _Bad(f"must be one of {', '.join(map(str, p.choices))} (got {_show(value)})")
+    if kind in ("int", "float"):
+        rng = range_text(p)
+        entries = "entries " if p.nargs == "+" else ""
+        none = " or None" if optional else ""
+        for x in items:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise _Bad(f"{entries}must be a finite number in {rng}{none} (got {_got(value)})")
+            if _out_of_range(p, x):
+                raise _Bad(f"{entries}must be in {rng}{none} (got {_got(value)})")
+    if p.check is not None:
+        problem = p.check(value)
+        if problem:
+            raise _Bad(problem)
+
+
+def _message(where: str, problem: str) -> str:
+    # "--gamma must be in [0, 1] (got 50.0)"; "--rollout: expected an integer, got 'abc'"
+    return f"{where}{': ' if problem.startswith('expected') else ' '}{problem}"
+
+
+def _from_cli(p: Param, raw: Any) -> Any:
+    try:
+        return convert(p, raw)
+    except _Bad as e:
+        raise ConfigError(_message(f"--{p.name}", str(e))) from None
+
+
+def _from_file(path: str, key: str, p: Param, raw: Any) -> Any:
+    try:
+        return convert(p, raw)
+    except _Bad as e:
+        raise ConfigError(_message(f"{path}: key {key!r}", str(e))) from None
+
+
+def _read_json_object(path: Path, shown: str) -> dict:
+    """The JSON object in `path`; one-line ConfigError (naming `shown`) for anything else."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {shown}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown} is not valid JSON: not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"{shown} is not valid JSON: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: expected a JSON object {{\"key\": value, ...}}, got {_json_type(data)}")
+    return data
+
+
+def _json_type(v: Any) -> str:
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null", dict: "an object"}.get(type(v), type(v).__name__)
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse that reports mistakes as one line (with close matches for unknown flags), exit code 2."""
 
@@ -191,20 +523,22 @@ class _OneLineParser(argparse.ArgumentParser):
             hints = [m for b in bad for m in difflib.get_close_matches(b, known, n=3)]
             if hints:
                 message += f" (did you mean {', '.join(hints)}?)"
-        raise ConfigError(message + "; see --help")
+        raise ConfigError(" ".join(message.split()) + "; see --help")
 
 
 def build_parser(mode: str, prog: str) -> argparse.ArgumentParser:
-    """The command-line parser: every parameter of the mode, with its default in the help text."""
+    """The command-line parser: every parameter of the mode, with its range and default in the help text.
+    Values are parsed as strings and converted and checked by `parse_cfg` (as those of presets and config.json)."""
     parser = _OneLineParser(prog=prog, argument_default=argparse.SUPPRESS, allow_abbrev=False,
                             description="Asynchronous PPO (Sample Factory architecture). Defaults shown are the "
                                         "table defaults; configs/<family>.json presets override them.")
     for p in all_params():
         if p.scope not in ("all", mode):
             continue
-        kwargs = dict(type=p.type, help=f"{p.help} (default: {p.default})", metavar=p.name.upper())
+        rng = range_text(p)
+        valid = f"; range {rng}{' or None' if _kind(p)[1] else ''}" if rng else ""
+        kwargs = dict(type=str, help=f"{p.help}{valid} (default: {p.default})", metavar=p.name.upper())
         if p.choices:
-            kwargs["choices"] = p.choices
             kwargs["metavar"] = "{" + ",".join(map(str, p.choices)) + "}"
         if p.nargs == "?":  # boolean switches: `--no_render` alone means True
             kwargs.update(nargs="?", const=True)
@@ -214,17 +548,31 @@ def build_parser(mode: str, prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _preset_path_shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def load_preset(env_name: str, family: str) -> dict:
-    """Values of configs/<family>.json: its "defaults" then its "envs"[env_name] entry."""
+    """Values of configs/<family>.json: its "defaults" then its "envs"[env_name] entry (raw JSON values,
+    converted and checked by parse_cfg). ConfigError naming the file if it is not of that form."""
     path = CONFIGS_DIR / f"{family}.json"
     if not path.exists():
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"preset {path} is not valid JSON: {e}") from None
-    values = dict(data.get("defaults", {}))
-    values.update(data.get("envs", {}).get(env_name, {}))
+    shown = _preset_path_shown(path)
+    data = _read_json_object(path, shown)
+    defaults, envs = data.get("defaults", {}), data.get("envs", {})
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{shown}: key 'defaults': expected a JSON object, got {_json_type(defaults)}")
+    if not isinstance(envs, dict):
+        raise ConfigError(f"{shown}: key 'envs': expected a JSON object, got {_json_type(envs)}")
+    entry = envs.get(env_name, {})
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{shown}: key 'envs'.{env_name!r}: expected a JSON object, got {_json_type(entry)}")
+    values = dict(defaults)
+    values.update(entry)
     return values
 
 
@@ -233,12 +581,14 @@ def experiment_dir(cfg) -> Path:
 
 
 def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: str = "train.py") -> argparse.Namespace:
-    """Resolve the configuration of one run (see the module docstring for the layers). Raises ConfigError."""
+    """Resolve the configuration of one run (see the module docstring for the layers). Raises ConfigError.
+    Reads the preset and the saved config.json; writes nothing."""
     parser = build_parser(mode, prog)
-    explicit = vars(parser.parse_args(argv))
-    if not explicit.get("env"):
+    raw = vars(parser.parse_args(argv))
+    if not raw.get("env"):
         raise ConfigError("--env is required, e.g. --env doom_basic (see --help)")
     params = {p.name: p for p in all_params()}
+    explicit = {k: _from_cli(params[k], v) for k, v in raw.items()}
 
     from sf_envs.registry import env_spec  # the registry raises a one-line error with close matches
     try:
@@ -247,62 +597,85 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
         raise ConfigError(f"--env: {e}") from None
 
     values = {name: _copy(p.default) for name, p in params.items()}
-    for k, v in load_preset(spec.name, spec.family).items():
+    preset_shown = _preset_path_shown(CONFIGS_DIR / f"{spec.family}.json")
+    for k, v in load_preset(spec.name, spec.family).items():  # every value checked, even one a flag overrides
         if k not in params:
-            raise ConfigError(f"preset configs/{spec.family}.json sets unknown parameter {k!r}")
-        values[k] = v
+            raise ConfigError(f"{preset_shown}: unknown parameter {k!r}")
+        values[k] = _from_file(preset_shown, k, params[k], v)
     values.update(explicit)
     if values["experiment"] is None:
-        values["experiment"] = values["env"]
+        values["experiment"] = default_experiment_name(values["env"])
+    validate_train_dir(values["train_dir"])  # before the saved config is looked for under them
+    validate_experiment_name(values["experiment"])
 
     saved_path = Path(values["train_dir"]) / values["experiment"] / "config.json"
     resuming = mode == "enjoy" or values["restart_behavior"] == "resume"
-    if resuming and saved_path.exists():
-        try:
-            saved = json.loads(saved_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"cannot read saved configuration {saved_path}: {e}") from None
-        for k, v in saved.items():
+    try:
+        has_saved = resuming and saved_path.exists()
+    except OSError as e:
+        raise ConfigError(f"cannot read {saved_path}: {e.strerror or e}") from None
+    if has_saved:
+        saved = _read_json_object(saved_path, str(saved_path))
+        for k, v in saved.items():  # keys that are not parameters (other versions) are ignored
             if k in params and k not in _NOT_RESUMED and k not in explicit and params[k].scope != "enjoy":
-                values[k] = v
+                values[k] = _from_file(str(saved_path), k, params[k], v)
     cfg = argparse.Namespace(**values)
     verify(cfg, mode)
     return cfg
 
 
 def verify(cfg, mode: str = "train") -> None:
-    """Check values and cross-parameter rules; raise ConfigError with a one-line message."""
+    """Check every value (type, range or choices) and the cross-parameter rules; raise ConfigError with a
+    one-line message naming the flag. Checks only: creates and writes nothing."""
     for p in all_params():
-        v = getattr(cfg, p.name, None)
-        if p.choices and v not in p.choices:
-            raise ConfigError(f"--{p.name} must be one of {', '.join(map(str, p.choices))} (got {v!r})")
-        if p.min_value is not None and v is not None:
-            vals = v if isinstance(v, list) else [v]
-            if any(x < p.min_value for x in vals):
-                what = "a positive" if p.min_value == 1 else f">= {p.min_value}"
-                raise ConfigError(f"--{p.name} must be {what} {'integer' if p.type is int else 'number'} (got {v})")
-    if any(x < 1 for x in cfg.encoder_mlp_layers):
-        raise ConfigError(f"--encoder_mlp_layers must be positive sizes (got {cfg.encoder_mlp_layers})")
+        try:
+            check_value(p, getattr(cfg, p.name, None))
+        except _Bad as e:
+            if p.name == "env" and getattr(cfg, "env", None) is None:
+                raise ConfigError("--env is required, e.g. --env doom_basic (see --help)") from None
+            raise ConfigError(_message(f"--{p.name}", str(e))) from None
+    validate_train_dir(cfg.train_dir)
+    validate_experiment_name(cfg.experiment)
     if cfg.num_envs_per_worker % cfg.worker_num_splits:
         raise ConfigError(f"--num_envs_per_worker ({cfg.num_envs_per_worker}) must be divisible by "
                           f"--worker_num_splits ({cfg.worker_num_splits})")
+    if cfg.num_workers * cfg.num_envs_per_worker > MAX_TOTAL_ENVS:
+        raise ConfigError(f"--num_workers x --num_envs_per_worker must be at most {MAX_TOTAL_ENVS} envs in all "
+                          f"(got {cfg.num_workers} x {cfg.num_envs_per_worker} = {cfg.num_workers * cfg.num_envs_per_worker})")
     if cfg.batch_size % cfg.rollout:
         raise ConfigError(f"--batch_size ({cfg.batch_size}) must be a multiple of --rollout ({cfg.rollout})")
+    samples = cfg.batch_size * cfg.num_batches_per_epoch
+    if samples > MAX_SAMPLES_PER_TRAINING_BATCH:
+        raise ConfigError(f"--batch_size x --num_batches_per_epoch must be at most {MAX_SAMPLES_PER_TRAINING_BATCH} "
+                          f"samples per training batch (got {cfg.batch_size} x {cfg.num_batches_per_epoch} = {samples})")
     if cfg.use_rnn and cfg.rollout % cfg.recurrence:
         raise ConfigError(f"--recurrence ({cfg.recurrence}) must divide --rollout ({cfg.rollout})")
+    if mode == "train" and cfg.num_traj_buffers:
+        need = cfg.num_workers * cfg.num_envs_per_worker + samples // cfg.rollout
+        if cfg.num_traj_buffers < need:
+            raise ConfigError(f"--num_traj_buffers ({cfg.num_traj_buffers}) must be 0 or at least num_workers x "
+                              f"num_envs_per_worker + batch_size x num_batches_per_epoch / rollout = {need}")
     if cfg.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is available here; use --device auto or cpu")
     if mode == "train":
         _check_writable(Path(cfg.train_dir))
+        exp = experiment_dir(cfg)
+        if os.path.lexists(exp) and not exp.is_dir():
+            raise ConfigError(f"--experiment: {exp} exists and is not a directory; choose another name or move it")
 
 
 def _check_writable(train_dir: Path) -> None:
+    """Whether train_dir exists as a writable directory or could be created; checks only, creates nothing."""
     d = train_dir
-    while not d.exists():  # the nearest existing ancestor decides whether we can create it
-        d = d.parent
-    if not d.is_dir() or not os.access(d, os.W_OK | os.X_OK):
+    try:
+        while not d.exists():  # the nearest existing ancestor decides whether we can create it
+            d = d.parent
+        ok = d.is_dir() and os.access(d, os.W_OK | os.X_OK)
+    except OSError as e:
+        raise ConfigError(f"--train_dir {train_dir} cannot be checked ({e.strerror or e})") from None
+    if not ok:
         raise ConfigError(f"--train_dir {train_dir} is not writable (checked {d}); choose a directory you can write to")
 
 
@@ -315,20 +688,63 @@ def resolve_device(cfg) -> str:
 
 
 def save_cfg(cfg, exp_dir: Path) -> Path:
-    """Write the resolved configuration as exp_dir/config.json (atomically)."""
-    exp_dir.mkdir(parents=True, exist_ok=True)
+    """Write the resolved configuration as exp_dir/config.json, atomically: a temporary file in exp_dir is
+    written, flushed and fsynced, then renamed over config.json, then the directory is fsynced; the temporary
+    file is removed on failure. Creates exp_dir if needed. Call it only after every check has passed.
+    An OS error raises RunError (one line naming the file and the error)."""
+    exp_dir = Path(exp_dir)
     path = exp_dir / "config.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(vars(cfg), indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    data = json.dumps(vars(cfg), indent=2, sort_keys=True, allow_nan=False) + "\n"  # fails before touching disk
+    tmp = exp_dir / f".config.json.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        exp_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(exp_dir)
+    except OSError as e:
+        raise RunError(f"cannot write {path}: {e.strerror or e}") from None
     return path
 
 
+def _fsync_dir(d: Path) -> None:
+    """Make a rename in `d` durable. Filesystems that cannot fsync a directory are tolerated."""
+    try:
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def cli_main(main: Callable[[argparse.Namespace], int], mode: str, prog: str, argv=None) -> int:
-    """Parse the command line, run `main(cfg)`; user mistakes become one line on stderr and exit code 2."""
+    """Parse the command line, run `main(cfg)`. A ConfigError (bad input) becomes one line on stderr and exit
+    code 2; a RunError (e.g. an I/O failure) one line and exit code 1."""
     try:
         cfg = parse_cfg(argv, mode=mode, prog=prog)
         return main(cfg)
     except ConfigError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except RunError as e:
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        return 1

@@ -1,9 +1,13 @@
 """Env-level parameters: one table, read by `sf/cfg.py` (command-line flags) and by the env code.
 
-Every entry is `dict(name, type, default, help, choices=None)`. The env code reads them as attributes of
-the cfg namespace through `get_param(cfg, name)`, which falls back to the table default when a cfg
-(e.g. a hand-made `types.SimpleNamespace` in a test) lacks the attribute. `env_cfg(env, **overrides)`
-builds a complete namespace from these defaults, for tests and scripts that do not use `sf/cfg.py`.
+Every entry is `dict(name, type, default, help, choices=None, **extra)` and says which values are valid
+(sf/cfg.py checks them for the command line, presets and saved config.json alike): a number declares
+`min_value` and `max_value` (inclusive unless `min_exclusive` / `max_exclusive` is True; floats must also be
+finite), a string `choices` or `check` ("path": non-empty, no control characters); a default of None makes
+None a valid value too. The env code reads them as attributes of the cfg namespace through
+`get_param(cfg, name)`, which falls back to the table default when a cfg (e.g. a hand-made
+`types.SimpleNamespace` in a test) lacks the attribute. `env_cfg(env, **overrides)` builds a complete
+namespace from these defaults, for tests and scripts that do not use `sf/cfg.py`.
 
 Reward-shaping coefficients are the values of Sample Factory's VizDoom reward-shaping scheme
 (paper, appendix A.3); "per unit" means per unit of change of the game variable between two steps.
@@ -18,55 +22,68 @@ def _p(name, type, default, help, choices=None, **extra) -> dict:
     return dict(name=name, type=type, default=default, help=help, choices=choices, **extra)
 
 
+REWARD_COEFF_MAX = 1000.0
+
+
+def _rew(name, default, help) -> dict:
+    """A reward-shaping coefficient: any value in [-REWARD_COEFF_MAX, REWARD_COEFF_MAX] (negative flips its sign)."""
+    return _p(name, float, default, help, min_value=-REWARD_COEFF_MAX, max_value=REWARD_COEFF_MAX)
+
+
 ENV_PARAMS: list[dict] = [
     # --- all families ---
     _p("env_frameskip", int, None, "Env frames per sample (action repeat); None: the family default "
-       "(Doom 4, duel/deathmatch 2, Atari 4, DMLab 4, others 1)", min_value=1),
+       "(Doom 4, duel/deathmatch 2, Atari 4, DMLab 4, others 1)", min_value=1, max_value=64),
     # --- VizDoom ---
     _p("doom_scenarios_dir", str, None, "Directory with the fetched Sample Factory Doom scenarios (battle, duel, ...); "
-       "None: $SF_DOOM_SCENARIOS or <repo>/data/doom_scenarios (fill it: python -m sf_envs.doom.fetch_scenarios)"),
-    _p("doom_res_w", int, 128, "Doom observation width (the game renders at 160x120 and is downsampled)", min_value=1),
-    _p("doom_res_h", int, 72, "Doom observation height", min_value=1),
+       "None: $SF_DOOM_SCENARIOS or <repo>/data/doom_scenarios (fill it: python -m sf_envs.doom.fetch_scenarios)",
+       check="path"),
+    _p("doom_res_w", int, 128, "Doom observation width (the game renders at 160x120 and is downsampled; the conv "
+       "encoders need at least 36)", min_value=36, max_value=1280),
+    _p("doom_res_h", int, 72, "Doom observation height (at least 36 for the conv encoders)", min_value=36, max_value=960),
     _p("doom_bots_difficulty", int, None, "Skill (0-100: aiming, perfection, reaction, isp) of the in-game bots of "
-       "doom_*_bots; None: VizDoom's default bot roster (mixed skills)", min_value=0),
-    _p("doom_num_bots", int, None, "Number of in-game bots in doom_*_bots (None: 1 for duel, 7 for deathmatch)", min_value=0),
+       "doom_*_bots; None: VizDoom's default bot roster (mixed skills)", min_value=0, max_value=100),
+    _p("doom_num_bots", int, None, "Number of in-game bots in doom_*_bots (None: 1 for duel, 7 for deathmatch); "
+       "VizDoom has at most 16 players, the agent included", min_value=0, max_value=15),
     _p("doom_restart_engine_steps", int, 500_000, "Restart an env's VizDoom engine at the first episode end after this "
        "many steps: the engine process grows by 5-20 bytes a step whatever the wrapper does (ViZDoom issue #484), "
-       "so this bounds each engine's growth at a few MiB; 0: never", min_value=0),
-    _p("doom_bots_timelimit", float, 4.0, "Match length in minutes of game time for doom_*_bots", min_value=0.1),
-    _p("doom_rew_frag", float, 1.0, "Reward per frag (duel/deathmatch)"),
-    _p("doom_rew_suicide", float, 1.5, "Penalty per lost frag (suicide) (duel/deathmatch)"),
-    _p("doom_rew_death", float, 0.75, "Penalty per death (duel/deathmatch)"),
-    _p("doom_rew_hit", float, 0.01, "Reward per hit on an opponent (at most 5 counted per step)"),
-    _p("doom_rew_damage", float, 0.003, "Reward per point of damage dealt (at most 200 counted per step)"),
-    _p("doom_rew_health_gain", float, 0.005, "Reward per point of health gained (health packs) (battle, duel, deathmatch)"),
-    _p("doom_rew_health_loss", float, 0.003, "Penalty per point of health lost (battle, duel, deathmatch)"),
-    _p("doom_rew_armor_gain", float, 0.005, "Reward per point of armor gained"),
-    _p("doom_rew_armor_loss", float, 0.001, "Penalty per point of armor lost"),
-    _p("doom_rew_weapon_pickup", float, 0.02, "Reward for a new weapon, times the weapon's preference (1-10)"),
-    _p("doom_rew_weapon_loss", float, 0.01, "Penalty for losing a weapon, times its preference"),
-    _p("doom_rew_ammo_pickup", float, 0.0002, "Reward per unit of ammo picked up, times the weapon's preference"),
-    _p("doom_rew_ammo_use", float, 0.0001, "Penalty per unit of ammo spent, times the weapon's preference"),
-    _p("doom_rew_weapon_hold", float, 0.0002, "Reward per step for keeping the same loaded weapon selected for 5+ steps, "
+       "so this bounds each engine's growth at a few MiB; 0: never", min_value=0, max_value=10**12),
+    _p("doom_bots_timelimit", float, 4.0, "Match length in minutes of game time for doom_*_bots", min_value=0.1,
+       max_value=10000.0),
+    _rew("doom_rew_frag", 1.0, "Reward per frag (duel/deathmatch)"),
+    _rew("doom_rew_suicide", 1.5, "Penalty per lost frag (suicide) (duel/deathmatch)"),
+    _rew("doom_rew_death", 0.75, "Penalty per death (duel/deathmatch)"),
+    _rew("doom_rew_hit", 0.01, "Reward per hit on an opponent (at most 5 counted per step)"),
+    _rew("doom_rew_damage", 0.003, "Reward per point of damage dealt (at most 200 counted per step)"),
+    _rew("doom_rew_health_gain", 0.005, "Reward per point of health gained (health packs) (battle, duel, deathmatch)"),
+    _rew("doom_rew_health_loss", 0.003, "Penalty per point of health lost (battle, duel, deathmatch)"),
+    _rew("doom_rew_armor_gain", 0.005, "Reward per point of armor gained"),
+    _rew("doom_rew_armor_loss", 0.001, "Penalty per point of armor lost"),
+    _rew("doom_rew_weapon_pickup", 0.02, "Reward for a new weapon, times the weapon's preference (1-10)"),
+    _rew("doom_rew_weapon_loss", 0.01, "Penalty for losing a weapon, times its preference"),
+    _rew("doom_rew_ammo_pickup", 0.0002, "Reward per unit of ammo picked up, times the weapon's preference"),
+    _rew("doom_rew_ammo_use", 0.0001, "Penalty per unit of ammo spent, times the weapon's preference"),
+    _rew("doom_rew_weapon_hold", 0.0002, "Reward per step for keeping the same loaded weapon selected for 5+ steps, "
        "times its preference: switching weapons forfeits it (the paper's weapon-switch penalty)"),
-    _p("doom_rew_gathering_health", float, 1.0, "Reward per health pickup in health_gathering and two_colors"),
+    _rew("doom_rew_gathering_health", 1.0, "Reward per health pickup in health_gathering and two_colors"),
     # --- Atari ---
-    _p("atari_noop_max", int, 30, "Up to this many random no-ops at the start of a game", min_value=0),
-    _p("atari_framestack", int, 4, "Frames stacked into one observation", min_value=1),
+    _p("atari_noop_max", int, 30, "Up to this many random no-ops at the start of a game", min_value=0, max_value=10000),
+    _p("atari_framestack", int, 4, "Frames stacked into one observation", min_value=1, max_value=64),
     _p("atari_episodic_life", bool, True, "Training episodes end at a life loss (the game goes on; reported "
        "episodes are full games)"),
     _p("atari_fire_reset", bool, True, "Press FIRE after a reset in games that need it"),
     _p("atari_clip_rewards", bool, True, "Training rewards clipped to their sign (reported returns are never clipped)"),
     _p("atari_repeat_action_probability", float, 0.0, "Sticky actions (0.0 as in NoFrameskip-v4 used by Sample "
-       "Factory; ALE/...-v5 uses 0.25)", min_value=0.0),
-    _p("atari_max_episode_frames", int, 108_000, "Game truncated after this many frames (30 min)", min_value=1),
+       "Factory; ALE/...-v5 uses 0.25)", min_value=0.0, max_value=1.0),
+    _p("atari_max_episode_frames", int, 108_000, "Game truncated after this many frames (30 min)", min_value=1,
+       max_value=2**31 - 1),
     _p("atari_full_action_space", bool, False, "All 18 joystick actions instead of the game's minimal set"),
     # --- DeepMind Lab ---
     _p("dmlab_level_cache_dir", str, None, "DMLab level cache directory (generated maps are reused across runs); "
-       "None: $SF_DMLAB_LEVEL_CACHE or <repo>/data/dmlab_level_cache"),
+       "None: $SF_DMLAB_LEVEL_CACHE or <repo>/data/dmlab_level_cache", check="path"),
     _p("dmlab_use_level_cache", bool, True, "Use the DMLab level cache"),
     _p("dmlab_renderer", str, "software", "DMLab renderer", choices=("software", "hardware")),
-    _p("dmlab_dataset_path", str, None, "Path of the Brady/Konkle/Oliva 2008 image dataset (psychlab levels)"),
+    _p("dmlab_dataset_path", str, None, "Path of the Brady/Konkle/Oliva 2008 image dataset (psychlab levels)", check="path"),
     _p("dmlab_extended_action_set", bool, True, "15-action set of Hessel et al. 2019 (as in the paper, A.2); "
        "False: IMPALA's 9 actions"),
     _p("dmlab_reward_clipping", bool, True, "IMPALA's optimistic asymmetric reward clipping for training "
