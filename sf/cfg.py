@@ -619,9 +619,30 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
         for k, v in saved.items():  # keys that are not parameters (other versions) are ignored
             if k in params and k not in _NOT_RESUMED and k not in explicit and params[k].scope != "enjoy":
                 values[k] = _from_file(str(saved_path), k, params[k], v)
+    notes = []
+    envs_given = "num_envs_per_worker" in explicit or (has_saved and "num_envs_per_worker" in saved)
+    if mode == "train" and not envs_given:
+        envs = scale_envs_per_worker(values["num_envs_per_worker"], values["num_workers"], values["worker_num_splits"])
+        if envs != values["num_envs_per_worker"]:
+            notes.append(f"--num_envs_per_worker {envs} (the default {values['num_envs_per_worker']} spread over "
+                         f"{values['num_workers']} rollout workers on {os.cpu_count()} cores; set it to override)")
+            values["num_envs_per_worker"] = envs
     cfg = argparse.Namespace(**values)
     verify(cfg, mode)
+    cfg._notes = notes  # for the log; not a parameter, not saved
     return cfg
+
+
+def scale_envs_per_worker(envs: int, workers: int, splits: int, cores: Optional[int] = None) -> int:
+    """Envs per rollout worker when the user did not choose it. The presets' values (the paper's 16 for Doom) are meant
+    for one worker per core; with more workers than cores, the same number of envs per core is spread over them, never
+    fewer than one env per split. Without this, `--num_workers 72` on 2 cores would start 1,152 VizDoom engines
+    where 144 keep both cores busy."""
+    cores = cores or os.cpu_count() or 1
+    if workers <= cores:
+        return envs
+    per_worker = envs * cores // workers
+    return max(splits, per_worker // splits * splits)
 
 
 def verify(cfg, mode: str = "train") -> None:
@@ -694,7 +715,8 @@ def save_cfg(cfg, exp_dir: Path) -> Path:
     An OS error raises RunError (one line naming the file and the error)."""
     exp_dir = Path(exp_dir)
     path = exp_dir / "config.json"
-    data = json.dumps(vars(cfg), indent=2, sort_keys=True, allow_nan=False) + "\n"  # fails before touching disk
+    values = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}  # parameters only (not cfg._notes)
+    data = json.dumps(values, indent=2, sort_keys=True, allow_nan=False) + "\n"  # fails before touching disk
     tmp = exp_dir / f".config.json.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         exp_dir.mkdir(parents=True, exist_ok=True)

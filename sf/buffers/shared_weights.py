@@ -5,7 +5,10 @@ SGD step and bumps a version counter; policy workers compare the counter with th
 batch and copy the weights when it changed (the paper: well under a millisecond for its models).
 
 Torn reads are prevented with a sequence lock: `seq` is odd while the learner writes; a reader that saw
-an odd or changed `seq` around its copy simply retries. Readers never block the learner.
+an odd or changed `seq` around its copy simply retries. Readers never block the learner. The re-check of
+`seq` must come after the copy has *landed*, not after it was issued: a CUDA copy is asynchronous, and a
+publish that starts between an early re-check and the copy's execution would tear it unnoticed. Readers
+therefore wait for their copies (`_copy_from_shared` returns only when they are done) before the re-check.
 """
 from __future__ import annotations
 
@@ -57,8 +60,24 @@ class SharedWeights:
             if seq % 2:
                 time.sleep(0.0001)
                 continue
-            with torch.no_grad():
-                for k, v in model.state_dict().items():
-                    v.copy_(self.tensors[k], non_blocking=True)
+            self._copy_from_shared(model)
             if int(counters[0]) == seq:
                 return version
+
+    def _copy_from_shared(self, model: torch.nn.Module) -> None:
+        """Copy the shared tensors into `model`; returns once every copy has completed (see the module docstring)."""
+        with torch.no_grad():
+            waits = {_issue_copy(v, self.tensors[k]) for k, v in model.state_dict().items()}
+        for wait in waits:
+            wait()
+
+
+def _issue_copy(dst: torch.Tensor, src: torch.Tensor):
+    """Start copying src into dst; returns a function that waits until the copy has landed (CUDA copies run
+    asynchronously to the host; CPU copies are done on return)."""
+    dst.copy_(src, non_blocking=True)
+    return torch.cuda.synchronize if dst.is_cuda or src.is_cuda else _done
+
+
+def _done() -> None:
+    pass

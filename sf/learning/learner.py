@@ -145,9 +145,9 @@ class Learner:
 
         thread = threading.Thread(target=batcher, name="batcher", daemon=True)
         thread.start()
-        parent = os.getppid()
+        from sf.runner.supervision import runner_alive
         try:
-            while not self.state.stopping() and os.getppid() == parent:
+            while not self.state.stopping() and runner_alive():
                 self.state.beat(self.heartbeat)
                 try:
                     self.train(batches.get(timeout=0.1))

@@ -8,11 +8,13 @@ stops on budget or signal (always with a final checkpoint from the learner).
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import shutil
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from queue import Empty
 from types import SimpleNamespace
@@ -22,15 +24,15 @@ import torch
 
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers, shm_available_bytes
-from sf.cfg import ConfigError, experiment_dir, resolve_device, save_cfg
+from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg
 from sf.ipc import Queue
 from sf.learning.learner import Learner, checkpoint_meta, run_learner
 from sf.model.actor_critic import create_actor_critic
 from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible
 from sf.runner.shared_state import ENV_STEPS, FINISHED, SharedState
 from sf.runner.stats import RunStats
-from sf.runner.supervision import (LOG_DATEFMT, LOG_FORMAT, become_subreaper, child_main, kill_adopted, kill_tree,
-                                   read_stack)
+from sf.runner.supervision import (LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, become_subreaper, child_main, kill_adopted,
+                                   kill_tree, read_stack, worker_context)
 from sf.sampling.policy_worker import PolicyWorker, run_policy_worker
 from sf.sampling.rollout_worker import RolloutWorker, run_rollout_worker
 from sf_envs.registry import env_spec, make_env
@@ -40,76 +42,184 @@ STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are kill
 
 
 def run_training(cfg) -> int:
-    """train.py's body: experiment directory, config.json, logging, then the runner."""
+    """train.py's body. Every check runs first (the env, the model, the checkpoint to resume, memory); only then is
+    anything on disk touched: the experiment directory, config.json (atomically), the log, the run."""
+    early = setup_logging()  # the checks' warnings reach the console now and the log file once it exists
+    runner = Runner(cfg)
     exp_dir = prepare_experiment_dir(cfg)
     save_cfg(cfg, exp_dir)
-    setup_logging(exp_dir)
-    return Runner(cfg, exp_dir).run()
+    try:
+        setup_logging(exp_dir, early)
+    except OSError as e:
+        raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
+    return runner.run()
 
 
 def prepare_experiment_dir(cfg) -> Path:
-    """--restart_behavior: resume keeps the directory, restart moves it aside, overwrite deletes it."""
+    """--restart_behavior: resume keeps the directory, restart moves it aside, overwrite deletes it. Restart and
+    overwrite act only on a real directory (not a link) inside the train dir that holds an experiment of ours (its
+    config.json): anything else is refused in one line, so that nothing outside the experiment is ever touched."""
     exp_dir = experiment_dir(cfg)
-    if exp_dir.exists() and cfg.restart_behavior == "restart":
-        stamp, n = time.strftime("%Y%m%d_%H%M%S"), 0
-        aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}")
-        while aside.exists():  # two restarts within a second
-            n += 1
-            aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}_{n}")
-        exp_dir.rename(aside)
-        print(f"Moved the old experiment directory to {aside}")
-    elif exp_dir.exists() and cfg.restart_behavior == "overwrite":
-        shutil.rmtree(exp_dir)
-    exp_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if cfg.restart_behavior in ("restart", "overwrite") and (exp_dir.exists() or exp_dir.is_symlink()):
+            if exp_dir.is_symlink() or not exp_dir.is_dir() or not (exp_dir / "config.json").is_file():
+                raise ConfigError(f"--restart_behavior {cfg.restart_behavior}: {exp_dir} is not an experiment directory "
+                                  "(no config.json in it); refusing to move or delete it")
+            if cfg.restart_behavior == "restart":
+                stamp, n = time.strftime("%Y%m%d_%H%M%S"), 0
+                aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}")
+                while aside.exists():  # two restarts within a second
+                    n += 1
+                    aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}_{n}")
+                exp_dir.rename(aside)
+                print(f"Moved the old experiment directory to {aside}")
+            else:
+                shutil.rmtree(exp_dir)
+        exp_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"cannot prepare the experiment directory {exp_dir}: {e.strerror or e}") from None
     return exp_dir
 
 
-def setup_logging(exp_dir: Path) -> None:
+def setup_logging(exp_dir: Path | None = None, early: logging.handlers.MemoryHandler | None = None):
+    """Without exp_dir: the console, plus a buffer of what is logged before the experiment directory may be written
+    (returned). With exp_dir: also exp_dir/sf_log.txt, which first receives that buffer. Tracebacks of crashed processes
+    go to the file only (TRACE_LOG): the console gets one line per crash, naming the file."""
     fmt = logging.Formatter(LOG_FORMAT, LOG_DATEFMT)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    for h in (logging.StreamHandler(sys.stdout), logging.FileHandler(exp_dir / "sf_log.txt")):
-        h.setFormatter(fmt)
-        root.addHandler(h)
+    if exp_dir is None:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        console = logging.StreamHandler(sys.stdout)
+        console.setFormatter(fmt)
+        early = logging.handlers.MemoryHandler(capacity=10_000, flushLevel=logging.CRITICAL + 1)
+        for h in (console, early):
+            root.addHandler(h)
+        return early
+    file_handler = logging.FileHandler(exp_dir / "sf_log.txt")
+    file_handler.setFormatter(fmt)
+    if early is not None:
+        early.setTarget(file_handler)
+        early.close()  # flushes into the file
+        root.removeHandler(early)
+    root.addHandler(file_handler)
+    trace = logging.getLogger(TRACE_LOG)
+    trace.propagate = False
+    for h in list(trace.handlers):
+        trace.removeHandler(h)
+    trace.addHandler(file_handler)
+    return None
 
 
 def probe_env(cfg):
-    """Make one env in the runner to read its spaces (and fail early, in one line, if it cannot run)."""
+    """Make one env in the runner to read its spaces (and fail early, in one line, if it cannot run). Also returns
+    what one env costs in memory (bytes: the processes it starts, e.g. a VizDoom engine, plus what it allocates here)
+    and the modules making it imported (the fork server imports them once for every worker)."""
+    modules_before = set(sys.modules)
+    me = psutil.Process()
+    children_before = {c.pid for c in me.children(recursive=True)}
+    uss_before = _uss(me)
     try:
         env = make_env(cfg, env_index=0)
     except (ImportError, FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e).splitlines()[0] if str(e) else repr(e)) from None
-    obs_space, action_space = env.observation_space, env.action_space
-    env.close()
-    return obs_space, action_space
+    try:
+        env_bytes = max(0, _uss(me) - uss_before)
+        env_bytes += sum(_uss(c) for c in me.children(recursive=True) if c.pid not in children_before)
+        obs_space, action_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    modules = sorted({m.split(".")[0] for m in set(sys.modules) - modules_before if not m.startswith("_")})
+    return obs_space, action_space, env_bytes, modules
+
+
+def _uss(process) -> int:
+    """Memory private to `process` (bytes; RSS where USS cannot be read)."""
+    try:
+        return process.memory_full_info().uss
+    except (psutil.Error, AttributeError):
+        try:
+            return process.memory_info().rss
+        except psutil.Error:
+            return 0
+
+
+# Private memory of one worker process forked from the fork server (torch and the envs' modules are shared with it);
+# measured on the 2-core VM with doom_battle: 40-60 MiB after two minutes of training (README, "72 workers").
+WORKER_PROCESS_BYTES = 80 * 2**20
+# Copies of the model's parameters the learner holds: the model, its gradients, Adam's two moments, the shared copy
+# the policy workers read (each policy worker holds one more).
+LEARNER_MODEL_COPIES = 5
+
+
+def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int) -> None:
+    """Refuse, in one line with the estimate, a run that cannot fit in this machine's memory, before anything of it is
+    allocated or started. env_bytes: what one env was measured to take (probe_env)."""
+    num_envs = cfg.num_workers * cfg.num_envs_per_worker
+    processes = cfg.num_workers + cfg.policy_workers_per_policy + 1
+    parts = {
+        "trajectory buffers": buffer_bytes,
+        f"{num_envs} envs": num_envs * env_bytes,
+        f"{processes} processes": processes * WORKER_PROCESS_BYTES,
+        "model copies": model_bytes * (LEARNER_MODEL_COPIES + cfg.policy_workers_per_policy),
+    }
+    need, have = sum(parts.values()), psutil.virtual_memory().available
+    shm_need, shm_have = buffer_bytes + model_bytes, shm_available_bytes()
+    gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
+    detail = ", ".join(f"{k} {gib(v)}" for k, v in parts.items())
+    if need > 0.9 * have:
+        raise ConfigError(f"this configuration needs about {gib(need)} of memory ({detail}) but {gib(have)} is available; "
+                          "lower --num_workers, --num_envs_per_worker, --batch_size or the model size")
+    if shm_need > 0.9 * shm_have:
+        raise ConfigError(f"not enough shared memory: trajectory buffers and weights need {gib(shm_need)}, /dev/shm has "
+                          f"{gib(shm_have)} free; lower --num_envs_per_worker/--batch_size or enlarge /dev/shm")
 
 
 class Runner:
-    def __init__(self, cfg, exp_dir: Path):
-        self.cfg, self.exp_dir = cfg, exp_dir
+    def __init__(self, cfg):
+        """Checks only: the env runs, the model fits the checkpoint to resume, the run fits in memory. Nothing is
+        written or allocated here (build() does that when the run starts)."""
+        self.cfg, self.exp_dir = cfg, experiment_dir(cfg)
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
-        self.obs_space, self.action_space = probe_env(cfg)
-        model = create_actor_critic(cfg, self.obs_space, self.action_space)
-        self.check_checkpoint(checkpoint_meta(cfg, self.obs_space, self.action_space, model))
+        self.obs_space, self.action_space, env_bytes, self.env_modules = probe_env(cfg)
+        with torch.device("meta"):  # shapes only: a model of absurd size is refused below before it is allocated
+            model = create_actor_critic(cfg, self.obs_space, self.action_space)
+        self.meta = checkpoint_meta(cfg, self.obs_space, self.action_space, model)
+        self.rnn_state_size = model.rnn_state_size
         self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
         num_envs = cfg.num_workers * cfg.num_envs_per_worker
-        num_slots = cfg.num_traj_buffers or num_envs + 2 * self.trajs_per_batch
-        if num_slots < num_envs + self.trajs_per_batch:
-            raise ConfigError(f"--num_traj_buffers {num_slots} is too small: need at least num_workers*num_envs_per_worker"
+        self.num_slots = cfg.num_traj_buffers or num_envs + 2 * self.trajs_per_batch
+        if self.num_slots < num_envs + self.trajs_per_batch:
+            raise ConfigError(f"--num_traj_buffers {self.num_slots} is too small: need at least num_workers*num_envs_per_worker"
                               f" + batch_size*num_batches_per_epoch/rollout = {num_envs + self.trajs_per_batch}")
-        need = TrajectoryBuffers.bytes_needed(num_slots, cfg.rollout, self.obs_space, self.action_space, model.rnn_state_size)
-        have = shm_available_bytes()
-        if need > 0.9 * have:
-            raise ConfigError(f"not enough shared memory: trajectory buffers need {need / 2**20:.0f} MiB, /dev/shm has "
-                              f"{have / 2**20:.0f} MiB free; lower --num_envs_per_worker/--batch_size or enlarge /dev/shm")
-        self.buffers = TrajectoryBuffers(num_slots, cfg.rollout, self.obs_space, self.action_space, model.rnn_state_size)
-        self.shared_weights = SharedWeights(model, self.device)
+        self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, cfg.rollout, self.obs_space, self.action_space,
+                                                           self.rnn_state_size)
+        model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        check_memory(cfg, self.buffer_bytes, model_bytes, env_bytes)
+        self.check_checkpoint()
+
+    def check_checkpoint(self) -> None:
+        """Before anything is written: the checkpoint to resume from must fit this env and model."""
+        if self.cfg.restart_behavior != "resume":
+            return
+        try:
+            manager = CheckpointManager(self.exp_dir, policy_id=0, keep_checkpoints=self.cfg.keep_checkpoints)
+            state = manager.load("latest")
+            if state is not None:
+                check_compatible(state["meta"], self.meta, state.get("path", self.exp_dir / "checkpoint_p0"))
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from None
+
+    def build(self) -> None:
+        """Allocate what every process shares: trajectory buffers, weights, counters, queues; and the statistics."""
+        cfg = self.cfg
+        self.buffers = TrajectoryBuffers(self.num_slots, cfg.rollout, self.obs_space, self.action_space, self.rnn_state_size)
+        self.shared_weights = SharedWeights(create_actor_critic(cfg, self.obs_space, self.action_space), self.device)
         self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy)
         self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker, 2), dtype=torch.int64).share_memory_()
-        msg_bytes = 64  # a small int tuple; capacities hold every message that can be in flight at once
+        msg_bytes, num_slots = 64, self.num_slots  # a small int tuple; capacities hold every message in flight at once
         self.queues = SimpleNamespace(
             policy=Queue(maxsize=cfg.num_workers * cfg.worker_num_splits + 1, max_size_bytes=max(2**16, msg_bytes * cfg.num_workers * cfg.worker_num_splits * 2)),
             workers=[Queue(maxsize=cfg.worker_num_splits + 1, max_size_bytes=2**12) for _ in range(cfg.num_workers)],
@@ -118,66 +228,59 @@ class Runner:
             report=Queue(max_size_bytes=2**25),
         )
         self.queues.free.put_many(list(range(num_slots)))
-        self.stats = RunStats(exp_dir, cfg.stats_avg, self.spec.frameskip)
+        self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip)
         self.procs: dict[str, torch.multiprocessing.Process] = {}
         self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
         self.last_watch = time.monotonic()  # the stall watchdog's last look
         self.exit_code = 0
         self.interrupts = 0
+        self.reported: set[str] = set()  # processes whose death was already reported (one line each)
+        self.own_children: set[int] = set()
+        self.learner_ready = False  # the learner loaded its checkpoint and published its first weights
+        for note in getattr(cfg, "_notes", []):
+            log.info("%s", note)
         log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB)",
-                 exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, num_slots, need / 2**20)
-
-    def check_checkpoint(self, meta: dict) -> None:
-        """Before any process starts: the checkpoint to resume from must fit this env and model."""
-        if self.cfg.restart_behavior != "resume":
-            return
-        try:
-            manager = CheckpointManager(self.exp_dir, policy_id=0, keep_checkpoints=self.cfg.keep_checkpoints)
-            state = manager.load("latest")
-            if state is not None:
-                check_compatible(state["meta"], meta, state.get("path", self.exp_dir / "checkpoint_p0"))
-        except CheckpointError as e:
-            raise ConfigError(str(e)) from None
+                 self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, num_slots,
+                 self.buffer_bytes / 2**20)
 
     def worker_queues(self, w: int):
         q = self.queues
         return SimpleNamespace(policy=q.policy, worker=q.workers[w], learner=q.learner, free=q.free, report=q.report)
 
     # --- processes ---
-    def _start(self, name: str, target, *args) -> None:
-        ctx = torch.multiprocessing.get_context("spawn")
-        p = ctx.Process(target=child_main, args=(name, self.queues.report, target, *args), name=name, daemon=False)
-        self.state.beat(self.state.heartbeat_slot(name))  # its start-up (imports, envs) counts toward a stall
+    def _start(self, name: str, target, *args, unwind: bool = False) -> None:
+        p = self.context.Process(target=child_main, args=(name, self.queues.report, os.getpid(), unwind, target, *args),
+                                 name=name, daemon=False)
+        self.state.beat(self.state.heartbeat_slot(name))  # its start-up (envs) counts toward a stall
         p.start()
         self.procs[name] = p
         log.info("Started %s (pid %d)", name, p.pid)
 
     def start_processes(self) -> None:
         cfg, b, q, st = self.cfg, self.buffers, self.queues, self.state
+        self.context = worker_context(self.env_modules)
+        self.own_children = {c.pid for c in psutil.Process().children()}  # the fork server and multiprocessing's helpers
         self._start("learner", run_learner, cfg, self.obs_space, self.action_space, b, q, self.shared_weights, st,
                     self.device, self.exp_dir)
         for i in range(cfg.policy_workers_per_policy):
             self._start(f"policy_worker_{i}", run_policy_worker, cfg, i, self.obs_space, self.action_space, b,
                         self.env_slots, q, self.shared_weights, st, self.device)
-        while self.shared_weights.version < 0:  # learner ready (checkpoint loaded, weights published)
-            if not self._check_processes() or not self._check_stalls():
-                return
-            self._drain_reports()
-            time.sleep(0.05)
-        self.stats.start_frames = int(st.learner[ENV_STEPS])
-        for w in range(cfg.num_workers):
-            self._start(f"rollout_worker_{w}", run_rollout_worker, cfg, w, b, self.env_slots, self.worker_queues(w), st, w)
+        for w in range(cfg.num_workers):  # they make their envs while the learner loads: start-up runs in parallel
+            self._start(f"rollout_worker_{w}", run_rollout_worker, cfg, w, b, self.env_slots, self.worker_queues(w), st, w,
+                        unwind=True)
 
     def _check_processes(self) -> bool:
-        """False (and a stop with exit code 1) if any process died while the run was not stopping."""
+        """False (and a stop with exit code 1) if any process died before the stop: at start-up, while training, or
+        after an error report (whose process exits at once: reported once, by the report)."""
         for name, p in self.procs.items():
-            if p.exitcode is not None and not self.state.stopping():
+            if p.exitcode is not None and name not in self.reported and not (p.exitcode == 0 and self.state.stopping()):
                 self._drain_reports()
-                log.error("%s exited unexpectedly (exit code %s); stopping the run", name, p.exitcode)
+                if name not in self.reported:
+                    log.error("%s exited unexpectedly (exit code %s); stopping the run", name, p.exitcode)
+                    self.reported.add(name)
                 self.exit_code = 1
                 self.state.request_stop()
-                return False
-        return True
+        return not self.state.stopping()
 
     def _check_stalls(self) -> bool:
         """False (and a stop with exit code 1) if a process gave no sign of life for --stall_timeout_sec: alive but
@@ -222,9 +325,17 @@ class Runner:
                 elif kind == "checkpoint":
                     log.info("Saved %scheckpoint %s", "final " if msg[2] else "", msg[1])
                 elif kind == "error":
-                    log.error("%s crashed:\n%s", msg[1], msg[2])
-                    self.exit_code = 1
-                    self.state.request_stop()
+                    self._crashed(msg[1], msg[2])
+
+    def _crashed(self, name: str, tb: str) -> None:
+        """A process (or, in serial mode, a component) raised: one line on the console, the traceback in the log file;
+        the run stops with exit code 1."""
+        last = tb.strip().splitlines()[-1] if tb.strip() else "(no message)"
+        log.error("%s crashed: %s (traceback in %s)", name, last, self.exp_dir / "sf_log.txt")
+        logging.getLogger(TRACE_LOG).error("%s crashed:\n%s", name, tb.rstrip())
+        self.reported.add(name)
+        self.exit_code = 1
+        self.state.request_stop()
 
     def _update_memory(self) -> None:
         groups: dict[str, float] = {"runner": psutil.Process().memory_info().rss}
@@ -254,31 +365,26 @@ class Runner:
                 or time.time() - start >= self.cfg.train_for_seconds)
 
     def run(self) -> int:
+        try:
+            self.build()
+        except (OSError, RuntimeError) as e:  # /dev/shm or memory exhausted by something else meanwhile
+            raise RunError(f"cannot allocate the run's shared memory: {e}") from None
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        start = last_report = last_summary = time.time()
+        start = time.time()
         try:
             if self.cfg.serial_mode:
-                self.run_serial(start)
+                try:
+                    self.run_serial(start)
+                except Exception:  # noqa: B902 — reported like a crashed process
+                    self._crashed("serial run", traceback.format_exc())
             else:
                 become_subreaper()
-                self.start_processes()
-                own_children = {c.pid for c in psutil.Process().children()}  # workers and multiprocessing's helpers
-                while not self.state.stopping():
-                    self._drain_reports()
-                    if not self._check_processes() or not self._check_stalls() or self.budget_reached(start):
-                        break
-                    self._update_frames()
-                    now = time.time()
-                    if now - last_report >= self.cfg.report_interval_sec:
-                        self._update_memory()
-                        self._log_progress(start)
-                        last_report = now
-                    if now - last_summary >= self.cfg.experiment_summaries_interval:
-                        self.stats.write_summaries()
-                        last_summary = now
-                    time.sleep(0.1)
-                self.stop_processes()
-                kill_adopted(own_children)  # engines of a worker that died without closing them
+                try:
+                    self.start_processes()
+                    self.supervise(start)
+                finally:  # whatever happened here (a bug of the runner's own included), no child outlives the run
+                    self.stop_processes()
+                    kill_adopted(self.own_children)  # engines of a worker that died without closing them
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -291,6 +397,27 @@ class Runner:
         log.info("Done: %d env frames, policy version %d. Checkpoints: %s; TensorBoard: tensorboard --logdir %s",
                  int(self.state.learner[ENV_STEPS]), self.stats.version, self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
         return self.exit_code
+
+    def supervise(self, start: float) -> None:
+        """The runner's loop while the processes work: reports, deaths, stalls, budget, console and TensorBoard."""
+        last_report = last_summary = start
+        while not self.state.stopping():
+            self._drain_reports()
+            if not self._check_processes() or not self._check_stalls() or self.budget_reached(start):
+                break
+            if not self.learner_ready:  # a resumed run's frames start where the checkpoint left them
+                self.learner_ready = self.shared_weights.version >= 0
+                self.stats.start_frames = int(self.state.learner[ENV_STEPS])
+            self._update_frames()
+            now = time.time()
+            if now - last_report >= self.cfg.report_interval_sec:
+                self._update_memory()
+                self._log_progress(start)
+                last_report = now
+            if now - last_summary >= self.cfg.experiment_summaries_interval:
+                self.stats.write_summaries()
+                last_summary = now
+            time.sleep(0.1)
 
     def _update_frames(self) -> None:
         self.stats.add_frames(int(self.state.worker_frames.sum()))
@@ -330,7 +457,8 @@ class Runner:
 
     # --- serial mode ---
     def run_serial(self, start: float) -> None:
-        """Every component in this process, stepped round-robin (for debugging)."""
+        """Every component in this process, stepped round-robin (for debugging). Any layout of the parallel mode works:
+        a rollout worker that finds no free slot runs the learner (which frees them) instead of waiting for it."""
         cfg = self.cfg
         learner = Learner(cfg, self.obs_space, self.action_space, self.buffers, self.queues, self.shared_weights,
                           self.state, self.device, self.exp_dir)
@@ -338,22 +466,36 @@ class Runner:
         policy = PolicyWorker(cfg, self.obs_space, self.action_space, self.buffers, self.env_slots, self.queues,
                               self.shared_weights, self.device)
         policy.wait_for_weights(self.state.stopping)
-        workers = [RolloutWorker(cfg, w, self.buffers, self.env_slots, self.worker_queues(w), self.state)
-                   for w in range(cfg.num_workers)]
-        for w in workers:
-            w.start()
         last_report = time.time()
+
+        def supervise() -> None:  # the runner's periodic work, also while a worker waits for a slot
+            nonlocal last_report
+            self._drain_reports()
+            self._update_frames()
+            if time.time() - last_report >= cfg.report_interval_sec:
+                self._log_progress(start)
+                last_report = time.time()
+            if self.budget_reached(start):
+                self.state.request_stop()
+
+        def starved() -> None:
+            learner.run_once(timeout=0.0)
+            supervise()
+
+        workers = []
         try:
-            while not self.state.stopping() and not self.budget_reached(start):
+            for w in range(cfg.num_workers):
+                workers.append(RolloutWorker(cfg, w, self.buffers, self.env_slots, self.worker_queues(w), self.state,
+                                             on_starved=starved))
+                workers[-1].start()
+            while not self.state.stopping():
                 policy.run_once(timeout=0.0)
                 for w in workers:
                     w.run_once(timeout=0.0)
                 learner.run_once(timeout=0.0)
-                self._drain_reports()
-                self._update_frames()
-                if time.time() - last_report >= cfg.report_interval_sec:
-                    self._log_progress(start)
-                    last_report = time.time()
+                supervise()
+        except StopIteration:  # a worker waiting for a slot saw the stop request
+            pass
         finally:
             learner.finish()
             self._drain_reports()

@@ -30,7 +30,9 @@ PR_SET_CHILD_SUBREAPER = 36
 LOG_FORMAT = "[%(asctime)s][%(process)d][%(levelname)s] %(message)s"
 LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
 STACK_SIGNAL = signal.SIGUSR1
+TRACE_LOG = "sf.trace"  # logger of crash tracebacks: the log file only (the console gets one line per crash)
 _stack_file = None  # this process's stack-dump file (kept open: faulthandler writes to its descriptor)
+_parent_pid = None  # this child's parent when it started (child_main)
 
 
 class ParentDied(BaseException):
@@ -104,16 +106,17 @@ def _wait_dead(processes: list, timeout: float) -> None:
         time.sleep(0.02)
 
 
-def unwind_on_parent_death() -> None:
-    """For a worker that owns processes: the runner's death (or a SIGTERM) raises ParentDied in the main thread
-    instead of killing this process at once, so that its `finally` closes the envs and their engines."""
-    def on_sigterm(signum, frame):
-        # ignore any further SIGTERM: closing a VizDoom game delivers one to this process (seen with vizdoom 1.2),
-        # which would otherwise kill the worker half-way through closing its envs
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise ParentDied("SIGTERM: the runner exited or asked this worker to die")
-    signal.signal(signal.SIGTERM, on_sigterm)
-    die_with_parent(signal.SIGTERM)
+def _raise_parent_died(signum, frame) -> None:
+    # ignore any further SIGTERM: closing a VizDoom game delivers one to this process (seen with vizdoom 1.2),
+    # which would otherwise kill the worker half-way through closing its envs
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise ParentDied("SIGTERM: the runner exited or asked this worker to die")
+
+
+def runner_alive() -> bool:
+    """False once the process that was this child's parent when it started is gone (checked in the workers' loops;
+    the parent-death signal normally ends them first)."""
+    return _parent_pid is not None and os.getppid() == _parent_pid
 
 
 def kill_descendants(pid: int | None = None) -> None:
@@ -133,6 +136,21 @@ def kill_tree(process) -> None:
         pass
     kill_descendants(process.pid)
     process.kill()
+
+
+def worker_context(env_modules: list[str]):
+    """The multiprocessing context every worker starts from: a fork server, started once, that has imported torch, our
+    worker modules and `env_modules` (what making one env imported, e.g. vizdoom). A worker forked from it starts in
+    milliseconds and shares those pages with its siblings; spawned, each would import torch again (~1 s of CPU and tens
+    of MiB of private memory apiece, minutes and gigabytes for 72 workers on 2 cores). The fork server dies with the
+    runner (it exits when its pipe from the runner closes), and its children with it (parent-death signal)."""
+    import multiprocessing.forkserver
+
+    import torch.multiprocessing
+    ctx = torch.multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["__main__", "sf.runner.fork_server", *env_modules])
+    multiprocessing.forkserver.ensure_running()  # now: it is one of the runner's own children, not an adopted orphan
+    return ctx
 
 
 def limit_threads(num_threads: int) -> None:
@@ -191,10 +209,39 @@ def read_stack(pid: int, fd: int | None, wait: float = 2.0) -> str:
         return f"(no stack: {e})"
 
 
-def child_main(name: str, report_queue, target, *args) -> None:
-    """Entry point of every child process: set-up, run `target(*args)`, report a crash with its traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent()
+def _release_fork_server() -> None:
+    """Close this child's copy of the fork server's liveness pipe. multiprocessing hands every child it forks the pipe's
+    write end (so that the child could start processes through the same server); the fork server exits only when every
+    write end is closed, and its children die only when it exits (parent-death signal): with the copies open, the runner's
+    death would leave the fork server, its workers and their engines running for good."""
+    import multiprocessing.forkserver as forkserver
+    server = forkserver._forkserver  # private, stable since Python 3.4: the module-level ForkServer
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None and server._forkserver_pid is None:  # a forked child (the runner knows the server's pid)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
+def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *args) -> None:
+    """Entry point of every child process: set-up, run `target(*args)`, report a crash with its traceback.
+
+    The parent-death signal is armed first, then the runner is checked to be alive: a runner that died before the
+    signal was armed (it can die at any moment of our start-up) would otherwise leave this child running for good.
+    `unwind`: for a worker that owns processes (env engines), the runner's death raises ParentDied in its main thread
+    (SIGTERM) instead of killing it (SIGKILL), so that its `finally` blocks close the envs and their engines.
+    """
+    global _parent_pid
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner owns Ctrl-C and stops its children in order
+    _release_fork_server()
+    if unwind:
+        signal.signal(signal.SIGTERM, _raise_parent_died)
+    die_with_parent(signal.SIGTERM if unwind else signal.SIGKILL)
+    _parent_pid = os.getppid()  # the runner, or the fork server that started us on its behalf (it dies with it)
+    if _parent_pid == 1 or not psutil.pid_exists(runner_pid):
+        os._exit(1)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATEFMT, stream=sys.stdout)
     enable_stack_dumps(name, report_queue)
     try:
@@ -205,7 +252,6 @@ def child_main(name: str, report_queue, target, *args) -> None:
         tb = traceback.format_exc()
         try:
             report_queue.put(("error", name, tb), timeout=5)
-        except Exception:
-            pass
-        print(f"[{name}] crashed:\n{tb}", flush=True)
+        except Exception:  # no runner to read it: the console is the only place left
+            print(f"[{name}] crashed:\n{tb}", flush=True)
         os._exit(1)

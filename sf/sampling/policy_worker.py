@@ -8,7 +8,6 @@ copies new weights if the learner's shared version moved (instant weight updates
 """
 from __future__ import annotations
 
-import os
 import time
 from queue import Empty
 
@@ -116,12 +115,11 @@ class PolicyWorker:
 def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights, shared_state,
                       device) -> None:
     """Process entry: normal priority, `--policy_worker_torch_threads` threads."""
-    from sf.runner.supervision import limit_threads
+    from sf.runner.supervision import limit_threads, runner_alive
     limit_threads(cfg.policy_worker_torch_threads)
-    parent = os.getppid()
     heartbeat = shared_state.heartbeat_slot(f"policy_worker_{worker_idx}")
     worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
-    while not shared_state.stopping() and os.getppid() == parent:
+    while not shared_state.stopping() and runner_alive():
         shared_state.beat(heartbeat)
         worker.run_once(timeout=0.1)

@@ -9,18 +9,21 @@ Protocol (double-buffered sampling, paper section 3.2), per group g of envs:
      worker's queue; meanwhile the worker steps the other group;
   3. the worker steps g's envs with those actions, writes rewards/dones and obs[slot, t+1]; when t+1 == T
      the slot goes to the learner queue and a fresh one comes from the free list (blocking there is the
-     system's backpressure when the learner falls behind).
+     system's backpressure when the learner falls behind). Before it waits there, the worker hands the learner
+     the trajectories it finished earlier in the same group: held back, they could be the very ones the learner
+     needs to complete a batch and free slots (with many workers, enough of them to deadlock the run).
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
 import traceback
 from queue import Empty
 
 import numpy as np
 import torch
+
+from typing import Callable, Optional
 
 from sf_envs.registry import env_spec, make_env
 
@@ -29,8 +32,13 @@ log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    def __init__(self, cfg, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state):
+    def __init__(self, cfg, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state,
+                 on_starved: Optional[Callable[[], None]] = None):
+        """on_starved: called while no free slot is available instead of waiting for one (serial mode: the learner,
+        which frees slots, runs in this same thread)."""
         self.cfg, self.w = cfg, worker_idx
+        self.on_starved = on_starved
+        self.finished: list[int] = []  # full trajectory slots of the group being stepped, not yet sent to the learner
         self.buffers, self.env_slots, self.q, self.state = buffers, env_slots, queues, shared_state
         self.num_envs = cfg.num_envs_per_worker
         self.group_size = self.num_envs // cfg.worker_num_splits
@@ -104,13 +112,24 @@ class RolloutWorker:
             self.q.policy.put((self.w, g))
 
     def _take_free_slot(self) -> int:
+        try:
+            return int(self.q.free.get_nowait())
+        except Empty:  # the learner is behind (backpressure): it may need the trajectories finished so far
+            self._send_finished()
         while True:
+            if self.on_starved is not None:
+                self.on_starved()
             try:
-                return int(self.q.free.get(timeout=0.5))
-            except Empty:  # the learner is behind (backpressure); keep checking for a stop request
+                return int(self.q.free.get(timeout=0.0 if self.on_starved is not None else 0.5))
+            except Empty:  # keep checking for a stop request
                 self.state.beat(self.heartbeat)
                 if self.state.stopping():
                     raise StopIteration from None
+
+    def _send_finished(self) -> None:
+        if self.finished:
+            self.q.learner.put_many(self.finished)
+            self.finished = []
 
     def _write_obs(self, e: int, obs: dict, slot: int, t: int) -> None:
         for k, v in obs.items():
@@ -130,7 +149,6 @@ class RolloutWorker:
         return True
 
     def _step_group(self, g: int) -> None:
-        finished_slots = []
         T = self.T
         lo, hi = g * self.group_size, (g + 1) * self.group_size
         slots, ts = self.slot[lo:hi].tolist(), self.t[lo:hi].tolist()
@@ -161,15 +179,14 @@ class RolloutWorker:
                 for k in self.obs_np:
                     self.obs_np[k][new_slot, 0] = self.obs_np[k][slot, T]
                 self.rnn_np[new_slot, 0] = self.rnn_np[slot, T]
-                finished_slots.append(slot)
+                self.finished.append(slot)
                 slot, t = new_slot, 0
             slots[i], ts[i] = slot, t
         self.slot[lo:hi], self.t[lo:hi] = slots, ts
         self.env_slots_np[self.w, lo:hi, 0] = slots
         self.env_slots_np[self.w, lo:hi, 1] = ts
         self.frames += self.group_size * self.frameskip
-        if finished_slots:
-            self.q.learner.put_many(finished_slots)
+        self._send_finished()
         self.q.policy.put((self.w, g))
 
     def _maybe_report(self, force: bool = False) -> None:
@@ -195,16 +212,14 @@ class RolloutWorker:
 def run_rollout_worker(cfg, worker_idx, buffers, env_slots, queues, shared_state, core) -> None:
     """Process entry: lower priority than policy workers and learner, pinned to one core, one thread. Its envs may be
     processes of their own (VizDoom engines): however this worker ends, they end with it."""
-    from sf.runner.supervision import kill_descendants, limit_threads, set_affinity, unwind_on_parent_death
+    from sf.runner.supervision import kill_descendants, limit_threads, runner_alive, set_affinity
     limit_threads(1)
     set_affinity(core if cfg.set_workers_cpu_affinity else None, nice=5)
-    unwind_on_parent_death()
-    parent = os.getppid()
     worker = None
     try:
         worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state)
         worker.start()
-        while not shared_state.stopping() and os.getppid() == parent:
+        while not shared_state.stopping() and runner_alive():
             worker.run_once(timeout=0.1)
     except StopIteration:
         pass
