@@ -119,19 +119,27 @@ def probe_env(cfg):
     modules_before = set(sys.modules)
     me = psutil.Process()
     children_before = {c.pid for c in me.children(recursive=True)}
-    uss_before = _uss(me)
+    uss_before, shm_before = _uss(me), _shm_used()
     try:
         env = make_env(cfg, env_index=0)
     except (ImportError, FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e).splitlines()[0] if str(e) else repr(e)) from None
     try:
-        env_bytes = max(0, _uss(me) - uss_before)
+        env_bytes = max(0, _uss(me) - uss_before) + max(0, _shm_used() - shm_before)  # VizDoom: screen buffers in /dev/shm
         env_bytes += sum(_uss(c) for c in me.children(recursive=True) if c.pid not in children_before)
         obs_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
     modules = sorted({m.split(".")[0] for m in set(sys.modules) - modules_before if not m.startswith("_")})
     return obs_space, action_space, env_bytes, modules
+
+
+def _shm_used(path: str = "/dev/shm") -> int:
+    try:
+        st = os.statvfs(path)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+    except OSError:
+        return 0
 
 
 def _uss(process) -> int:
@@ -145,9 +153,11 @@ def _uss(process) -> int:
             return 0
 
 
-# Private memory of one worker process forked from the fork server (torch and the envs' modules are shared with it);
-# measured on the 2-core VM with doom_battle: 40-60 MiB after two minutes of training (README, "72 workers").
+# Private memory of one worker process forked from the fork server (torch and the envs' modules are shared with it),
+# with a margin: measured on the 2-core VM with doom_battle, a rollout worker 13 MiB (USS; 43 MiB PSS), a policy worker
+# 41 MiB. The learner's activations and batches come on top (~1 GiB measured with the paper's model and batch 2048).
 WORKER_PROCESS_BYTES = 80 * 2**20
+LEARNER_WORKSPACE_BYTES = 2**30
 # Copies of the model's parameters the learner holds: the model, its gradients, Adam's two moments, the shared copy
 # the policy workers read (each policy worker holds one more).
 LEARNER_MODEL_COPIES = 5
@@ -161,7 +171,7 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int) -> No
     parts = {
         "trajectory buffers": buffer_bytes,
         f"{num_envs} envs": num_envs * env_bytes,
-        f"{processes} processes": processes * WORKER_PROCESS_BYTES,
+        f"{processes} processes": processes * WORKER_PROCESS_BYTES + LEARNER_WORKSPACE_BYTES,
         "model copies": model_bytes * (LEARNER_MODEL_COPIES + cfg.policy_workers_per_policy),
     }
     need, have = sum(parts.values()), psutil.virtual_memory().available
