@@ -32,6 +32,11 @@ from common import header, table  # noqa: E402
 # Ours: "Fps is (10 sec: ..., 60 sec: ...). Total num frames: N."; Sample Factory 2.1.1: "Fps is (10 sec: ..., 60 sec:
 # ..., 300 sec: ...). Total num frames: N."
 FPS60_RE = re.compile(r"Fps is \(10 sec: [\d.na]+, 60 sec: ([\d.na]+).*?Total num frames: (\d+)")
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")  # Sample Factory colours its console lines, also into a file
+
+
+def read_log(path: Path) -> str:
+    return ANSI_RE.sub("", path.read_text(errors="replace"))
 
 
 def tree_pss(tag: str) -> int:
@@ -73,11 +78,11 @@ def measure(name: str, cmd: list[str], cwd: str, seconds: float) -> dict:
     first, peak, fps_at = None, 0, float("nan")
     while time.time() - t0 < seconds and p.poll() is None:
         peak = max(peak, tree_pss(tag))
-        reports = FPS60_RE.findall(log_path.read_text(errors="replace"))
+        reports = FPS60_RE.findall(read_log(log_path))
         if first is None and any(int(frames) > 0 for _, frames in reports):
             first = time.time() - t0
         time.sleep(2.0)
-    reports = FPS60_RE.findall(log_path.read_text(errors="replace"))
+    reports = FPS60_RE.findall(read_log(log_path))
     if reports and reports[-1][0] != "nan":
         fps_at = float(reports[-1][0])
     t_stop = time.time()
@@ -98,7 +103,7 @@ def measure(name: str, cmd: list[str], cwd: str, seconds: float) -> dict:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    text = log_path.read_text(errors="replace")
+    text = read_log(log_path)
     return {"system": name, "first_frames_s": "never" if first is None else f"{first:.0f}",
             "fps_at_end": f"{fps_at:.0f}", "peak_pss_gib": f"{peak / 2**30:.1f}", "stop_s": f"{stop_s:.1f}",
             "exit": rc, "traceback": "yes" if "Traceback" in text else "no", "left": f"{len(left)} proc, {len(shm_left)} shm",
@@ -121,7 +126,8 @@ def main() -> None:
         runs.append(measure("ours", ours, str(ROOT), seconds))
         if args.sf_python:
             sf = [args.sf_python, "-m", "sf_examples.vizdoom.train_vizdoom", f"--env={args.env}",
-                  f"--num_workers={args.num_workers}", "--device=cpu", f"--train_dir={tmp}/sf", "--experiment=many_workers"]
+                  f"--num_workers={args.num_workers}", "--device=cpu", f"--train_dir={tmp}/sf", "--experiment=many_workers",
+                  "--restart_behavior=overwrite"]
             runs.append(measure("sample_factory_2.1.1", sf, tmp, seconds))
     keys = ["system", "first_frames_s", "fps_at_end", "peak_pss_gib", "stop_s", "exit", "traceback", "left"]
     print(table([[r[k] for k in keys] for r in runs], keys))

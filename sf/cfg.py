@@ -496,7 +496,7 @@ def _read_json_object(path: Path, shown: str) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"cannot read {shown}: {e.strerror or e}") from None
+        raise RunError(f"cannot read {shown}: {e.strerror or e}") from None  # an I/O failure, not bad input
     except UnicodeDecodeError:
         raise ConfigError(f"{shown} is not valid JSON: not UTF-8 text") from None
     try:
@@ -613,7 +613,7 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
     try:
         has_saved = resuming and saved_path.exists()
     except OSError as e:
-        raise ConfigError(f"cannot read {saved_path}: {e.strerror or e}") from None
+        raise RunError(f"cannot read {saved_path}: {e.strerror or e}") from None  # e.g. a path too long: I/O, exit 1
     if has_saved:
         saved = _read_json_object(saved_path, str(saved_path))
         for k, v in saved.items():  # keys that are not parameters (other versions) are ignored

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -45,6 +46,7 @@ def run_training(cfg) -> int:
     """train.py's body. Every check runs first (the env, the model, the checkpoint to resume, memory); only then is
     anything on disk touched: the experiment directory, config.json (atomically), the log, the run."""
     early = setup_logging()  # the checks' warnings reach the console now and the log file once it exists
+    report_background_errors()
     runner = Runner(cfg)
     exp_dir = prepare_experiment_dir(cfg)
     save_cfg(cfg, exp_dir)
@@ -53,6 +55,27 @@ def run_training(cfg) -> int:
     except OSError as e:
         raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
     return runner.run()
+
+
+def report_background_errors() -> None:
+    """An exception in a background thread or an atexit callback of this process (tensorboardX's writer thread when the
+    disk is full, say) is one warning line on the console, its traceback in the log file, instead of a traceback on the
+    console; a log file that cannot be written any more is not reported by logging with tracebacks of its own."""
+    def thread_hook(args) -> None:
+        where = args.thread.name if args.thread is not None else "a thread"
+        log.warning("error in background thread %s: %s: %s", where, args.exc_type.__name__, args.exc_value)
+        logging.getLogger(TRACE_LOG).warning("in thread %s", where, exc_info=(args.exc_type, args.exc_value,
+                                                                             args.exc_traceback))
+
+    def unraisable_hook(unraisable) -> None:
+        exc = unraisable.exc_value
+        log.warning("error %s: %s: %s", unraisable.err_msg or "ignored", type(exc).__name__, exc)
+        logging.getLogger(TRACE_LOG).warning("%s", unraisable.err_msg, exc_info=(unraisable.exc_type, exc,
+                                                                                unraisable.exc_traceback))
+
+    threading.excepthook = thread_hook
+    sys.unraisablehook = unraisable_hook
+    logging.raiseExceptions = False
 
 
 def prepare_experiment_dir(cfg) -> Path:
