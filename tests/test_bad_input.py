@@ -532,13 +532,14 @@ def test_forged_saved_config(world, tmp_path, script, forge, expect):
 
 @pytest.mark.parametrize("script", ["train.py", "enjoy.py"])
 def test_saved_config_is_a_directory(world, tmp_path, script):
+    """config.json cannot be read (the OS says why): an I/O failure like a read-only disk, exit 1."""
     td = tmp_path / "td"
     shutil.copytree(world.exp, td / "exp", symlinks=True)
     (td / "exp" / "config.json").unlink()
     (td / "exp" / "config.json").mkdir()
     before = snapshot(tmp_path)
     res = run(script, ["--env", "test_corridor", "--experiment", "exp", "--train_dir", td], cwd=tmp_path)
-    assert_error(res, 2, [f"cannot read {td / 'exp' / 'config.json'}: Is a directory"])
+    assert_error(res, 1, [f"cannot read {td / 'exp' / 'config.json'}: Is a directory"])
     assert_unchanged(before, tmp_path, res)
 
 
