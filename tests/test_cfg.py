@@ -327,8 +327,9 @@ def test_saved_config_not_utf8_or_unreadable(tmp_path):
     (exp / "config.json").write_bytes(b'{"rollout": "\xff"}')
     assert "is not valid JSON" in _rejected(tmp_path, "--experiment", "x")
     (exp / "config.json").unlink()
-    (exp / "config.json").mkdir()
-    assert "cannot read" in _rejected(tmp_path, "--experiment", "x")
+    (exp / "config.json").mkdir()  # unreadable: an I/O failure (RunError, exit 1), not bad input
+    with pytest.raises(RunError, match="cannot read .*config.json: Is a directory"):
+        parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path), "--experiment", "x"])
 
 
 def test_saved_config_unknown_keys_ignored_and_flags_override_bad_values(tmp_path):
