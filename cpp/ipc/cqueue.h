@@ -16,7 +16,10 @@
  *
  * Crash safety: the mutex is PTHREAD_MUTEX_ROBUST; the queue state (head, used bytes, count) is
  * committed with a single atomic store after the bytes are copied, so a process that dies at any
- * instruction leaves either the old or the new state -- never a half-written message.
+ * instruction leaves either the old or the new state -- never a half-written message. A sleeper holds a
+ * robust "waiter slot" mutex of its own while it is registered, so the registration of a sleeper that is
+ * killed is found (EOWNERDEAD) and removed: the waiter counts never stay inflated by dead processes.
+ * Every sleep is a bounded futex wait; a timed call returns at most CQ_LOCK_GRACE_NS after its deadline.
  *
  * Thread safety: all functions may be called concurrently from any thread of any process that maps
  * the region, except cq_init (once, before sharing).
@@ -56,6 +59,15 @@ enum cq_status {
 #define CQ_FOREVER INT64_MAX
 #define CQ_NONBLOCK ((int64_t)0)
 
+/* How far past its deadline a timed call may return: waiting for the mutex (held only for a memcpy) may
+ * run this much past the deadline, so that contention alone never turns into a spurious EMPTY/FULL,
+ * while a holder that is stopped (SIGSTOP) cannot block a timed call for longer than this. */
+#define CQ_LOCK_GRACE_NS 1000000000ll
+/* Sleepers tracked individually (one robust waiter slot each). More concurrent sleepers than this still
+ * work, but sleep in short polls (CQ_OVERFLOW_RECHECK_NS) and are not counted in cq_stats. */
+#define CQ_WAIT_SLOTS 256u
+#define CQ_OVERFLOW_RECHECK_NS 10000000ll
+
 /* Process-local view of a mapped queue. Sizes are cached here when the region is validated and are
  * never re-read from shared memory, so a corrupted header cannot make us index out of bounds. */
 typedef struct cq_handle {
@@ -72,8 +84,11 @@ typedef struct cq_stats {
     uint64_t capacity;          /* ring size in bytes */
     uint64_t max_messages;      /* 0 = unlimited */
     uint64_t recoveries;        /* times a lock holder was found dead and the state restored */
-    uint32_t consumers_waiting; /* registered sleepers (an upper bound: see docs/ipc.md) */
-    uint32_t producers_waiting;
+    uint64_t waiters_reaped;    /* registrations of sleepers found dead and removed */
+    uint32_t consumers_waiting; /* consumers registered as sleeping in a get (exact when check_waiters) */
+    uint32_t producers_waiting; /* producers registered as sleeping in a put (exact when check_waiters) */
+    uint32_t consumers_unwoken; /* wake hint: of those, not woken yet (never an under-estimate) */
+    uint32_t producers_unwoken;
 } cq_stats;
 
 /* Current CLOCK_MONOTONIC time in nanoseconds. */
@@ -108,8 +123,10 @@ int cq_get_records(const cq_handle *h, void *out, size_t out_cap, size_t max_mes
                    int64_t deadline_ns, int interruptible, size_t *n_out, size_t *nbytes_out,
                    size_t *needed);
 
-/* Counters; takes the lock briefly (never longer than ~1 s, even if a holder is stopped). */
-int cq_get_stats(const cq_handle *h, cq_stats *out);
+/* Counters; takes the lock briefly (never longer than ~CQ_LOCK_GRACE_NS, even if a holder is stopped).
+ * check_waiters != 0: first find and remove the registrations of sleepers that died (one trylock per
+ * registered sleeper), so that consumers_waiting / producers_waiting are exact. */
+int cq_get_stats(const cq_handle *h, cq_stats *out, int check_waiters);
 
 /* Short human-readable name of a status code. */
 const char *cq_strstatus(int status);
@@ -119,6 +136,15 @@ const char *cq_strstatus(int status);
  * return WITHOUT committing or unlocking -- exactly what a producer killed mid-copy leaves behind.
  * The caller is expected to exit (or die) afterwards. */
 int cq_test_lock_and_partial_put(const cq_handle *h, const void *records, size_t copy_bytes);
+
+/* Take (try_only: only if free at once; CQ_FULL otherwise) / release the queue lock, nothing else (to
+ * stage lock hand-over races). */
+int cq_test_lock(const cq_handle *h, int try_only);
+void cq_test_unlock(const cq_handle *h);
+
+/* Wake every registered sleeping consumer WITHOUT the waker's bookkeeping -- what a producer killed
+ * between its FUTEX_WAKE and its accounting leaves behind. Returns how many the kernel woke. */
+int cq_test_wake_consumers_unaccounted(const cq_handle *h);
 
 #ifdef __cplusplus
 }

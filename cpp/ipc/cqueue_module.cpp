@@ -702,12 +702,14 @@ PyObject *CQueue_get_many(CQueue *self, PyObject *const *args, Py_ssize_t nargs,
 }
 
 // Counters with the GIL released (the lock is brief, but never wait for it while holding the GIL).
-bool read_stats(CQueue *self, cq_stats *st) {
+// check_waiters: also find sleepers that died (one trylock per registered sleeper) so that the waiter
+// counts are exact -- for stats(); qsize()/empty()/full() only need the message count.
+bool read_stats(CQueue *self, cq_stats *st, int check_waiters = 0) {
     if (!check_open(self)) return false;
     int r;
     if (!enter_core(self)) return false;
     Py_BEGIN_ALLOW_THREADS
-    r = cq_get_stats(&self->h, st);
+    r = cq_get_stats(&self->h, st, check_waiters);
     Py_END_ALLOW_THREADS
     leave_core(self);
     if (r != CQ_OK) {
@@ -739,10 +741,12 @@ PyObject *CQueue_full(CQueue *self, PyObject *) {
 
 PyObject *CQueue_stats(CQueue *self, PyObject *) {
     cq_stats st;
-    if (!read_stats(self, &st)) return nullptr;
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:I,s:I}", "count", st.count, "used_bytes", st.used_bytes, "capacity",
-                         st.capacity, "max_messages", st.max_messages, "recoveries", st.recoveries, "consumers_waiting",
-                         st.consumers_waiting, "producers_waiting", st.producers_waiting);
+    if (!read_stats(self, &st, 1)) return nullptr;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I,s:I,s:I}", "count", st.count, "used_bytes", st.used_bytes,
+                         "capacity", st.capacity, "max_messages", st.max_messages, "recoveries", st.recoveries,
+                         "waiters_reaped", st.waiters_reaped, "consumers_waiting", st.consumers_waiting,
+                         "producers_waiting", st.producers_waiting, "consumers_unwoken", st.consumers_unwoken,
+                         "producers_unwoken", st.producers_unwoken);
 }
 
 PyObject *CQueue_close(CQueue *self, PyObject *) {
@@ -898,7 +902,9 @@ PyMethodDef CQueue_methods[] = {
      "full()\n--\n\nTrue if maxsize messages are queued or not even the smallest message fits (a snapshot)."},
     {"stats", reinterpret_cast<PyCFunction>(CQueue_stats), METH_NOARGS,
      "stats()\n--\n\nDict of counters: count, used_bytes, capacity, max_messages, recoveries (dead lock\n"
-     "holders recovered), consumers_waiting, producers_waiting."},
+     "holders recovered), waiters_reaped (registrations of dead sleepers removed), consumers_waiting and\n"
+     "producers_waiting (processes/threads asleep in get/put right now; exact: dead ones are not counted),\n"
+     "consumers_unwoken and producers_unwoken (of those, not woken yet: a hint that may over-estimate)."},
     {"close", reinterpret_cast<PyCFunction>(CQueue_close), METH_NOARGS,
      "close()\n--\n\nRelease this process's mapping of the queue (other processes are unaffected).\n"
      "Later calls on this object raise ValueError."},

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -135,7 +136,7 @@ void test_basic_fifo() {
     CHECK_EQ(cq_put(&r.h, "", 0, CQ_NONBLOCK), CQ_OK);  // empty payloads are legal
     CHECK_EQ(cq_put(&r.h, "world!", 6, CQ_NONBLOCK), CQ_OK);
     cq_stats st;
-    CHECK_EQ(cq_get_stats(&r.h, &st), CQ_OK);
+    CHECK_EQ(cq_get_stats(&r.h, &st, 1), CQ_OK);
     CHECK_EQ(st.count, 3);
     CHECK_EQ(st.used_bytes, 3 * CQ_RECORD_HEADER + 11);
     CHECK_EQ(get_one(r.h, &m, CQ_NONBLOCK), CQ_OK);
@@ -284,7 +285,7 @@ void test_dead_lock_holder_recovered() {
     CHECK(m == "before");
     CHECK_EQ(get_one(r.h, &m, CQ_NONBLOCK), CQ_EMPTY);
     cq_stats st;
-    CHECK_EQ(cq_get_stats(&r.h, &st), CQ_OK);
+    CHECK_EQ(cq_get_stats(&r.h, &st, 1), CQ_OK);
     CHECK_EQ(st.recoveries, 1);
     CHECK_EQ(cq_put(&r.h, "after", 5, CQ_NONBLOCK), CQ_OK);
     CHECK_EQ(get_one(r.h, &m, CQ_NONBLOCK), CQ_OK);
@@ -306,6 +307,248 @@ void test_killed_sleeper_does_not_block_others() {
     std::string m;
     CHECK_EQ(get_one(r.h, &m, CQ_NONBLOCK), CQ_OK);
     CHECK(m == "x");
+}
+
+// Wait (up to ~5 s) until stats report `cons` sleeping consumers and `prods` sleeping producers.
+bool wait_for_waiters(const cq_handle &h, uint32_t cons, uint32_t prods) {
+    for (int i = 0; i < 5000; ++i) {
+        cq_stats st;
+        if (cq_get_stats(&h, &st, 1) == CQ_OK && st.consumers_waiting == cons && st.producers_waiting == prods)
+            return true;
+        usleep(1000);
+    }
+    return false;
+}
+
+// Sleepers SIGKILLed in get and in put are not counted as waiting any more (issue 15): their robust
+// waiter slots are found dead and reaped, and the wake hints follow.
+void test_killed_sleepers_are_not_counted() {
+    Region r(256, 2);
+    std::vector<pid_t> pids;
+    for (int i = 0; i < 3; ++i) {  // three consumers asleep on the empty queue
+        const pid_t pid = fork();
+        if (pid == 0) {
+            std::string m;
+            get_one(r.h, &m, CQ_FOREVER);
+            _exit(0);
+        }
+        pids.push_back(pid);
+    }
+    CHECK(wait_for_waiters(r.h, 3, 0));
+    for (pid_t pid : pids) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+    }
+    cq_stats st;
+    CHECK_EQ(cq_get_stats(&r.h, &st, 1), CQ_OK);
+    CHECK_EQ(st.consumers_waiting, 0);
+    CHECK_EQ(st.consumers_unwoken, 0);
+    CHECK_EQ(st.waiters_reaped, 3);
+    // Producers asleep on a full queue (maxsize 2), killed the same way.
+    CHECK_EQ(cq_put(&r.h, "a", 1, CQ_NONBLOCK), CQ_OK);
+    CHECK_EQ(cq_put(&r.h, "b", 1, CQ_NONBLOCK), CQ_OK);
+    pids.clear();
+    for (int i = 0; i < 2; ++i) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            cq_put(&r.h, "c", 1, CQ_FOREVER);
+            _exit(0);
+        }
+        pids.push_back(pid);
+    }
+    CHECK(wait_for_waiters(r.h, 0, 2));
+    for (pid_t pid : pids) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+    }
+    CHECK_EQ(cq_get_stats(&r.h, &st, 1), CQ_OK);
+    CHECK_EQ(st.producers_waiting, 0);
+    CHECK_EQ(st.producers_unwoken, 0);
+    CHECK_EQ(st.waiters_reaped, 5);
+    // Without an explicit check, the next put/get that finds its wake syscall woke nobody asks for the
+    // reap itself: a dead sleeper does not make every later operation pay for a wake syscall.
+    const pid_t pid = fork();
+    if (pid == 0) {
+        std::string m;
+        get_one(r.h, &m, CQ_FOREVER);  // takes "a"
+        get_one(r.h, &m, CQ_FOREVER);  // takes "b"
+        get_one(r.h, &m, CQ_FOREVER);  // sleeps
+        _exit(0);
+    }
+    CHECK(wait_for_waiters(r.h, 1, 0));
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    usleep(60'000);                                      // (reaps are requested at most every 50 ms)
+    CHECK_EQ(cq_put(&r.h, "d", 1, CQ_NONBLOCK), CQ_OK);  // wakes nobody: requests a reap
+    std::string m;
+    CHECK_EQ(get_one(r.h, &m, CQ_NONBLOCK), CQ_OK);      // whose lock does it
+    CHECK_EQ(cq_get_stats(&r.h, &st, 0), CQ_OK);          // (no reap here)
+    CHECK_EQ(st.consumers_waiting, 0);
+    CHECK_EQ(st.consumers_unwoken, 0);
+    CHECK_EQ(st.waiters_reaped, 6);
+}
+
+// A waker killed between its FUTEX_WAKE and its bookkeeping leaves the wake hint too high; it heals as
+// soon as the woken sleeper deregisters (the hint is clamped to the registered count).
+void test_lost_wake_bookkeeping_heals() {
+    Region r(256, 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        std::string m;
+        _exit(get_one(r.h, &m, cq_deadline_after(5'000'000'000)) == CQ_OK && m == "x" ? 0 : 1);
+    }
+    CHECK(wait_for_waiters(r.h, 1, 0));
+    CHECK_EQ(cq_test_wake_consumers_unaccounted(&r.h), 1);  // woken, never taken off the hint
+    usleep(20'000);                                            // it re-registers and sleeps again
+    CHECK_EQ(cq_put(&r.h, "x", 1, CQ_NONBLOCK), CQ_OK);
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    cq_stats st;
+    CHECK_EQ(cq_get_stats(&r.h, &st, 0), CQ_OK);
+    CHECK_EQ(st.consumers_waiting, 0);
+    CHECK_EQ(st.consumers_unwoken, 0);
+}
+
+// More sleepers than waiter slots: the extra ones sleep unregistered in short polls; all get served.
+void test_more_sleepers_than_slots() {
+    constexpr int kThreads = CQ_WAIT_SLOTS + 8;
+    Region r(1 << 16, 0);
+    struct Arg {
+        const cq_handle *h;
+        std::atomic<int> *got;
+    };
+    std::atomic<int> got{0};
+    Arg arg{&r.h, &got};
+    std::vector<pthread_t> threads(kThreads);
+    for (auto &t : threads) {
+        pthread_create(&t, nullptr, [](void *p) -> void * {
+            Arg *a = static_cast<Arg *>(p);
+            std::string m;
+            if (get_one(*a->h, &m, cq_deadline_after(10'000'000'000)) == CQ_OK) a->got->fetch_add(1);
+            return nullptr;
+        }, &arg);
+    }
+    CHECK(wait_for_waiters(r.h, CQ_WAIT_SLOTS, 0));
+    usleep(50'000);
+    const int64_t t0 = cq_now_ns();
+    for (int i = 0; i < kThreads; ++i) CHECK_EQ(cq_put(&r.h, "m", 1, CQ_NONBLOCK), CQ_OK);
+    for (auto &t : threads) pthread_join(t, nullptr);
+    CHECK_EQ(got.load(), kThreads);
+    CHECK(cq_now_ns() - t0 < 2'000'000'000);
+    cq_stats st;
+    CHECK_EQ(cq_get_stats(&r.h, &st, 0), CQ_OK);
+    CHECK_EQ(st.consumers_waiting, 0);
+    CHECK_EQ(st.consumers_unwoken, 0);
+}
+
+// A lock holder that is stopped (SIGSTOP) cannot hold a timed call past its deadline + CQ_LOCK_GRACE_NS;
+// once it is killed, the queue recovers.
+void test_stopped_lock_holder_bounds_timed_calls() {
+    Region r(4096, 0);
+    std::vector<uint8_t> rec;
+    append_record(rec, "zz", 2);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        cq_test_lock_and_partial_put(&r.h, rec.data(), rec.size());
+        raise(SIGSTOP);
+        _exit(0);
+    }
+    int wst = 0;
+    waitpid(pid, &wst, WUNTRACED);  // stopped, holding the lock
+    CHECK(WIFSTOPPED(wst));
+    std::string m;
+    int64_t t0 = cq_now_ns();
+    CHECK_EQ(get_one(r.h, &m, cq_deadline_after(100'000'000)), CQ_EMPTY);
+    int64_t dt = cq_now_ns() - t0;
+    CHECK(dt >= 100'000'000 && dt < 100'000'000 + CQ_LOCK_GRACE_NS + 200'000'000);
+    t0 = cq_now_ns();
+    CHECK_EQ(cq_put(&r.h, "y", 1, CQ_NONBLOCK), CQ_FULL);  // timeout 0: the grace alone
+    dt = cq_now_ns() - t0;
+    CHECK(dt < CQ_LOCK_GRACE_NS + 200'000'000);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    CHECK_EQ(cq_put(&r.h, "y", 1, CQ_NONBLOCK), CQ_OK);
+    CHECK_EQ(get_one(r.h, &m, CQ_NONBLOCK), CQ_OK);
+    CHECK(m == "y");
+}
+
+// A lock waiter woken by a release but SIGKILLed before it takes the lock takes that wakeup with it; if
+// the lock was meanwhile taken through the uncontended path (no FUTEX_WAITERS bit), nobody wakes the other
+// waiters again. They must still get the lock soon (lock waits are sliced), even without a deadline.
+// Staged with CPU pinning: W1 shares our CPU (it cannot run between its wakeup and its death), N spins on
+// trylock on the other CPU and grabs the lock the moment we release it; W2 (no deadline) waits behind W1.
+void test_lock_handover_lost_to_killed_waiter() {
+    cpu_set_t saved;
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || sched_getaffinity(0, sizeof(saved), &saved) != 0 ||
+        !CPU_ISSET(0, &saved) || !CPU_ISSET(1, &saved)) {
+        std::printf("  (skipped: needs CPUs 0 and 1)\n");
+        return;
+    }
+    auto pin = [](int cpu) {
+        cpu_set_t s;
+        CPU_ZERO(&s);
+        CPU_SET(cpu, &s);
+        sched_setaffinity(0, sizeof(s), &s);
+    };
+    struct Shared {
+        std::atomic<int> n_ready, n_locked;
+        std::atomic<long long> w2_done_ns;
+    };
+    void *shm = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(shm != MAP_FAILED);
+    for (int round = 0; round < 3; ++round) {
+        Shared *sh = new (shm) Shared{};
+        Region r(4096, 0);
+        CHECK_EQ(cq_put(&r.h, "m1", 2, CQ_NONBLOCK), CQ_OK);
+        CHECK_EQ(cq_put(&r.h, "m2", 2, CQ_NONBLOCK), CQ_OK);
+        pin(0);
+        CHECK_EQ(cq_test_lock(&r.h, 0), CQ_OK);
+        const pid_t w1 = fork();
+        if (w1 == 0) {  // first in line for the lock; shares CPU 0 with us
+            std::string m;
+            get_one(r.h, &m, CQ_FOREVER);
+            _exit(0);
+        }
+        usleep(20'000);
+        const pid_t w2 = fork();
+        if (w2 == 0) {
+            pin(1);
+            std::string m;
+            const int g = get_one(r.h, &m, CQ_FOREVER);
+            sh->w2_done_ns.store(g == CQ_OK ? cq_now_ns() : -1);
+            _exit(0);
+        }
+        usleep(20'000);
+        const pid_t n = fork();
+        if (n == 0) {
+            pin(1);
+            sh->n_ready.store(1);
+            while (cq_test_lock(&r.h, 1) != CQ_OK) {
+            }
+            sh->n_locked.store(1);
+            usleep(2'000);
+            cq_test_unlock(&r.h);
+            _exit(0);
+        }
+        while (!sh->n_ready.load()) {
+        }
+        usleep(1'000);
+        cq_test_unlock(&r.h);  // wakes W1
+        for (int spin = 0; !sh->n_locked.load() && spin < 100'000'000; ++spin) {
+        }
+        kill(w1, SIGKILL);  // before it could run: its wakeup is lost
+        sched_setaffinity(0, sizeof(saved), &saved);
+        waitpid(w1, nullptr, 0);
+        waitpid(n, nullptr, 0);
+        const int64_t t0 = cq_now_ns();
+        while (sh->w2_done_ns.load() == 0 && cq_now_ns() - t0 < 2'000'000'000) usleep(1'000);
+        const long long done = sh->w2_done_ns.load();
+        CHECK(done > 0);  // the old code left W2 blocked for good here (with a message queued)
+        if (done <= 0) kill(w2, SIGKILL);
+        waitpid(w2, nullptr, 0);
+    }
+    munmap(shm, sizeof(Shared));
 }
 
 void test_blocking_wakeup_across_processes() {
@@ -431,7 +674,7 @@ void test_sigkill_producers() {
     uint32_t kills = 0;
     for (uint32_t prod = 0; prod < kMaxProducers; ++prod) {
         cq_stats so_far;
-        if (prod >= 30 && cq_get_stats(&r.h, &so_far) == CQ_OK && so_far.recoveries >= 1) break;
+        if (prod >= 30 && cq_get_stats(&r.h, &so_far, 1) == CQ_OK && so_far.recoveries >= 1) break;
         ++kills;
         const pid_t pid = fork();
         if (pid == 0) {
@@ -466,7 +709,7 @@ void test_sigkill_producers() {
     waitpid(consumer, &wst, 0);  // a deadlocked consumer would hang here (pytest's timeout reports it)
     CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
     cq_stats st;
-    CHECK_EQ(cq_get_stats(&r.h, &st), CQ_OK);
+    CHECK_EQ(cq_get_stats(&r.h, &st, 1), CQ_OK);
     std::printf("  sigkill test: %u producers killed, %llu records delivered, %llu lock-holder recoveries\n", kills,
                 static_cast<unsigned long long>(sh->delivered.load()), static_cast<unsigned long long>(st.recoveries));
     CHECK_EQ(sh->bad.load(), 0);
@@ -491,6 +734,11 @@ int main() {
         {"corruption_detected", test_corruption_detected},
         {"dead_lock_holder_recovered", test_dead_lock_holder_recovered},
         {"killed_sleeper_does_not_block_others", test_killed_sleeper_does_not_block_others},
+        {"killed_sleepers_are_not_counted", test_killed_sleepers_are_not_counted},
+        {"lost_wake_bookkeeping_heals", test_lost_wake_bookkeeping_heals},
+        {"more_sleepers_than_slots", test_more_sleepers_than_slots},
+        {"stopped_lock_holder_bounds_timed_calls", test_stopped_lock_holder_bounds_timed_calls},
+        {"lock_handover_lost_to_killed_waiter", test_lock_handover_lost_to_killed_waiter},
         {"blocking_wakeup_across_processes", test_blocking_wakeup_across_processes},
         {"multiprocess_stress", test_multiprocess_stress},
         {"sigkill_producers", test_sigkill_producers},
