@@ -93,3 +93,13 @@ def shm_available_bytes(path: str = "/dev/shm") -> int:
     """Free bytes of the shared-memory filesystem torch allocates from."""
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def shm_used_bytes(path: str = "/dev/shm") -> int:
+    """Bytes in use on that filesystem (0 where it cannot be read): what an env's engine allocates there is counted
+    in its memory."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize

@@ -33,7 +33,6 @@ One CheckpointManager writes to a directory at a time (the learner of that polic
 """
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os

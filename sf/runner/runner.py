@@ -24,7 +24,7 @@ import psutil
 import torch
 
 from sf.buffers.shared_weights import SharedWeights
-from sf.buffers.trajectory_buffers import TrajectoryBuffers, shm_available_bytes
+from sf.buffers.trajectory_buffers import TrajectoryBuffers, shm_available_bytes, shm_used_bytes
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg
 from sf.ipc import Queue
 from sf.learning.learner import Learner, checkpoint_meta, run_learner
@@ -142,27 +142,19 @@ def probe_env(cfg):
     modules_before = set(sys.modules)
     me = psutil.Process()
     children_before = {c.pid for c in me.children(recursive=True)}
-    uss_before, shm_before = _uss(me), _shm_used()
+    uss_before, shm_before = _uss(me), shm_used_bytes()
     try:
         env = make_env(cfg, env_index=0)
     except (ImportError, FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e).splitlines()[0] if str(e) else repr(e)) from None
     try:
-        env_bytes = max(0, _uss(me) - uss_before) + max(0, _shm_used() - shm_before)  # VizDoom: screen buffers in /dev/shm
+        env_bytes = max(0, _uss(me) - uss_before) + max(0, shm_used_bytes() - shm_before)  # VizDoom: screen buffers in /dev/shm
         env_bytes += sum(_uss(c) for c in me.children(recursive=True) if c.pid not in children_before)
         obs_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
     modules = sorted({m.split(".")[0] for m in set(sys.modules) - modules_before if not m.startswith("_")})
     return obs_space, action_space, env_bytes, modules
-
-
-def _shm_used(path: str = "/dev/shm") -> int:
-    try:
-        st = os.statvfs(path)
-        return (st.f_blocks - st.f_bfree) * st.f_frsize
-    except OSError:
-        return 0
 
 
 def _uss(process) -> int:
@@ -438,10 +430,11 @@ class Runner:
             self._drain_reports()
             if not self._check_processes() or not self._check_stalls() or self.budget_reached(start):
                 break
-            if not self.learner_ready:  # a resumed run's frames start where the checkpoint left them
-                self.learner_ready = self.shared_weights.version >= 0
+            if not self.learner_ready and self.shared_weights.version >= 0:
+                self.learner_ready = True  # frames count from where the checkpoint left them (no jump in the FPS)
                 self.stats.start_frames = int(self.state.learner[ENV_STEPS])
-            self._update_frames()
+            if self.learner_ready:
+                self._update_frames()
             now = time.time()
             if now - last_report >= self.cfg.report_interval_sec:
                 self._update_memory()
@@ -501,7 +494,7 @@ class Runner:
         policy.wait_for_weights(self.state.stopping)
         last_report = time.time()
 
-        def supervise() -> None:  # the runner's periodic work, also while a worker waits for a slot
+        def periodic() -> None:  # the runner's periodic work, also while a worker waits for a slot
             nonlocal last_report
             self._drain_reports()
             self._update_frames()
@@ -513,7 +506,7 @@ class Runner:
 
         def starved() -> None:
             learner.run_once(timeout=0.0)
-            supervise()
+            periodic()
 
         workers = []
         try:
@@ -526,7 +519,7 @@ class Runner:
                 for w in workers:
                     w.run_once(timeout=0.0)
                 learner.run_once(timeout=0.0)
-                supervise()
+                periodic()
         except StopIteration:  # a worker waiting for a slot saw the stop request
             pass
         finally:
