@@ -199,7 +199,17 @@ PARAMS: list[Param] = [
     P("train_dir", str, "train_dir", "Root directory of experiments (not empty, not /)", check=_train_dir_problem),
     P("restart_behavior", str, "resume", "resume: continue from the latest checkpoint with the saved config; "
       "restart: move the old experiment directory aside; overwrite: delete it", choices=("resume", "restart", "overwrite"), scope="train"),
-    P("seed", _opt_int, None, "Random seed (None: not seeded)", min_value=0, max_value=2**32 - 1),
+    P("seed", _opt_int, None, "Random seed of every stream of the run (model init, action sampling, minibatch order, envs). "
+      "Not given: drawn at random; either way the seed used is printed and saved in config.json", min_value=0,
+      max_value=2**32 - 1),
+    P("sync_mode", str, "async", "async: Sample Factory's asynchronous APPO (policy lag varies); hts: HTS-RL's "
+      "deterministic batch-synchronous mode (collection and training overlap, policy lag exactly 1 training batch, same "
+      "seed and config => same weights); ppo: synchronous PPO (collect, train, repeat; policy lag 0). In hts and ppo a "
+      "training batch is one --rollout of every env, split into SGD steps of --batch_size samples",
+      choices=("async", "hts", "ppo"), scope="train"),
+    P("sync_inference_chunk", int, 16, "hts/ppo: policy workers run the model on chunks of exactly this many "
+      "observations (padded), so that an observation's actions do not depend on which others share its batch (CPU "
+      "kernels give different bits for different batch sizes)", scope="train", min_value=1, max_value=4096),
     P("device", str, "auto", "auto (CUDA when available, else CPU), cpu or cuda", choices=("auto", "cpu", "cuda")),
     P("serial_mode", str2bool, False, "Run every component in one process (for debugging)", scope="train"),
     # --- sampling ---
@@ -627,10 +637,19 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
             notes.append(f"--num_envs_per_worker {envs} (the default {values['num_envs_per_worker']} spread over "
                          f"{values['num_workers']} rollout workers on {os.cpu_count()} cores; set it to override)")
             values["num_envs_per_worker"] = envs
+    if mode == "train" and values["seed"] is None:  # every run is reproducible from its config.json
+        values["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        notes.append(f"--seed {values['seed']} (drawn at random; config.json keeps it)")
     cfg = argparse.Namespace(**values)
     verify(cfg, mode)
     cfg._notes = notes  # for the log; not a parameter, not saved
     return cfg
+
+
+def sync_minibatches(cfg) -> int:
+    """--sync_mode hts/ppo: SGD steps per epoch, each on --batch_size samples of the training batch (one --rollout of
+    every env); a --batch_size at least that large makes it one step on the whole batch."""
+    return max(1, cfg.num_workers * cfg.num_envs_per_worker * cfg.rollout // cfg.batch_size)
 
 
 def scale_envs_per_worker(envs: int, workers: int, splits: int, cores: Optional[int] = None) -> int:
@@ -669,6 +688,12 @@ def verify(cfg, mode: str = "train") -> None:
     if samples > MAX_SAMPLES_PER_TRAINING_BATCH:
         raise ConfigError(f"--batch_size x --num_batches_per_epoch must be at most {MAX_SAMPLES_PER_TRAINING_BATCH} "
                           f"samples per training batch (got {cfg.batch_size} x {cfg.num_batches_per_epoch} = {samples})")
+    if mode == "train" and cfg.sync_mode != "async":
+        per_batch = cfg.num_workers * cfg.num_envs_per_worker * cfg.rollout
+        if cfg.batch_size < per_batch and per_batch % cfg.batch_size:
+            raise ConfigError(f"--sync_mode {cfg.sync_mode}: a training batch is one --rollout of every env "
+                              f"({cfg.num_workers} x {cfg.num_envs_per_worker} x {cfg.rollout} = {per_batch} samples); "
+                              f"--batch_size ({cfg.batch_size}) must divide it (or be at least {per_batch})")
     if cfg.use_rnn and cfg.rollout % cfg.recurrence:
         raise ConfigError(f"--recurrence ({cfg.recurrence}) must divide --rollout ({cfg.rollout})")
     if mode == "train" and cfg.num_traj_buffers:

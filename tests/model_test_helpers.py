@@ -83,4 +83,8 @@ def random_experience(model, obs_space, action_space, n: int, t: int, done_prob:
         "policy_versions": torch.full((n, t), policy_version, dtype=torch.int64),
         "rewards": torch.randn((n, t), generator=g),
         "dones": dones,
+        "truncated": torch.zeros((n, t)),  # no time limits: every episode end is a termination
+        "final_obs": make_obs(obs_space, (n,), g),
+        "final_rnn": torch.zeros((n, h)),
+        "final_t": torch.full((n,), -1, dtype=torch.int64),
     }

@@ -206,14 +206,16 @@ def test_every_numeric_parameter_enforces_both_bounds(tmp_path):
 
 
 def test_integers_accept_integral_numbers_everywhere(tmp_path):
+    """(and a seed of None, given or saved, is drawn at random: every run records the seed it used)"""
     cfg = _parse(tmp_path, "--train_for_env_steps", "1e9", "--rollout", "16.0", "--seed", "None")
     assert cfg.train_for_env_steps == 10**9 and isinstance(cfg.train_for_env_steps, int)
-    assert cfg.rollout == 16 and isinstance(cfg.rollout, int) and cfg.seed is None
+    assert cfg.rollout == 16 and isinstance(cfg.rollout, int)
+    assert isinstance(cfg.seed, int) and f"--seed {cfg.seed} (drawn at random" in cfg._notes[-1]  # None: drawn, noted
     exp = tmp_path / "e"
     exp.mkdir()
     (exp / "config.json").write_text(json.dumps({"rollout": 16.0, "seed": None, "use_rnn": False, "gamma": 1}))
     cfg = _parse(tmp_path, "--experiment", "e")
-    assert cfg.rollout == 16 and isinstance(cfg.rollout, int) and cfg.seed is None and cfg.use_rnn is False
+    assert cfg.rollout == 16 and isinstance(cfg.rollout, int) and isinstance(cfg.seed, int) and cfg.use_rnn is False
     assert cfg.gamma == 1.0 and isinstance(cfg.gamma, float)
     (exp / "config.json").write_text(json.dumps({"rollout": 16.5}))
     assert "'rollout': expected an integer, got 16.5" in _rejected(tmp_path, "--experiment", "e")

@@ -10,10 +10,18 @@ Storage layout (see docs/architecture.md), N = number of trajectory slots, T = -
     values            [N, T]                float32                    policy worker
     policy_versions   [N, T]                int64                      policy worker
     rewards           [N, T]                float32                    rollout worker
-    dones             [N, T]                float32                    rollout worker
+    dones             [N, T]                float32                    rollout worker (terminated or truncated)
+    truncated         [N, T]                float32                    rollout worker (cut by a time limit)
+    action_noise      [N, T, A]             float32                    rollout worker (hts/ppo modes only)
+    final_obs[key]    [N, *obs_shape]       env dtype                  rollout worker: the last observation of the
+    final_rnn         [N, H]                float32                      slot's first truncated episode, its RNN state,
+    final_t           [N]                   int64                        and its step (-1: none)
 
 Slot T holds the state after the last step (the learner bootstraps from it); it equals slot 0 of the
-env's next trajectory. Messages between processes carry slot indices into these tensors, never data.
+env's next trajectory. An episode cut by a time limit is not over: the learner bootstraps its last step from
+the value of its final observation, which the reset overwrote in obs[., t+1], hence final_obs (one per slot:
+a second truncation in one trajectory, from episodes shorter than T, bootstraps from V(x_t) instead).
+Messages between processes carry slot indices into these tensors, never data.
 Fresh buffers are poisoned (NaN, -1, 0xCD) so that reading a slot nobody wrote is visible.
 """
 from __future__ import annotations
@@ -48,6 +56,11 @@ class TrajectoryBuffers:
         self.policy_versions = torch.empty((n, t), dtype=torch.int64)
         self.rewards = torch.empty((n, t), dtype=torch.float32)
         self.dones = torch.empty((n, t), dtype=torch.float32)
+        self.truncated = torch.empty((n, t), dtype=torch.float32)
+        self.action_noise = torch.empty((n, t, *action_shape(action_space)), dtype=torch.float32)
+        self.final_obs = {k: torch.empty((n, *s.shape), dtype=_torch_dtype(s.dtype)) for k, s in obs_space.spaces.items()}
+        self.final_rnn = torch.empty((n, rnn_state_size), dtype=torch.float32)
+        self.final_t = torch.empty((n,), dtype=torch.int64)
         for tensor in self.all_tensors():
             tensor.share_memory_()
         self.poison()
@@ -56,10 +69,11 @@ class TrajectoryBuffers:
         """Name -> tensor for everything except observations."""
         return dict(rnn_states=self.rnn_states, actions=self.actions, action_logits=self.action_logits,
                     log_probs=self.log_probs, values=self.values, policy_versions=self.policy_versions,
-                    rewards=self.rewards, dones=self.dones)
+                    rewards=self.rewards, dones=self.dones, truncated=self.truncated, action_noise=self.action_noise,
+                    final_rnn=self.final_rnn, final_t=self.final_t)
 
     def all_tensors(self) -> list:
-        return list(self.obs.values()) + list(self.step_tensors().values())
+        return list(self.obs.values()) + list(self.final_obs.values()) + list(self.step_tensors().values())
 
     def poison(self) -> None:
         for tensor in self.all_tensors():
@@ -73,20 +87,25 @@ class TrajectoryBuffers:
     def gather(self, slots: torch.Tensor, device) -> dict:
         """Copy whole trajectories out of shared memory: the learner's experience dict.
 
-        slots: [N] int64 slot indices. Returns obs dict [N, T+1, ...] and the other tensors [N, T(+1), ...]
-        on `device`, in the storage layout (the copy frees the slots for reuse at once).
+        slots: [N] int64 slot indices. Returns obs dict [N, T+1, ...], final_obs dict [N, ...] and the other tensors
+        [N, T(+1), ...] (final_rnn [N, H], final_t [N]) on `device`, in the storage layout, in the order of `slots` (the
+        copy frees the slots for reuse at once).
         """
-        out = {"obs": {k: v.index_select(0, slots).to(device, non_blocking=True) for k, v in self.obs.items()}}
+        out = {"obs": {k: v.index_select(0, slots).to(device, non_blocking=True) for k, v in self.obs.items()},
+               "final_obs": {k: v.index_select(0, slots).to(device, non_blocking=True) for k, v in self.final_obs.items()}}
         for k, v in self.step_tensors().items():
-            out[k] = v.index_select(0, slots).to(device, non_blocking=True)
+            if k != "action_noise":  # consumed by the policy workers
+                out[k] = v.index_select(0, slots).to(device, non_blocking=True)
         return out
 
     @staticmethod
     def bytes_needed(num_slots: int, rollout: int, obs_space, action_space, rnn_state_size: int) -> int:
         per_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
         per_step += 4 * rnn_state_size + 8 * int(np.prod(action_shape(action_space)))
-        per_step += 4 * num_action_logits(action_space) + 4 * 4 + 8
-        return num_slots * (rollout + 1) * per_step
+        per_step += 4 * num_action_logits(action_space) + 4 * 5 + 8 + 4 * int(np.prod(action_shape(action_space)))
+        per_slot = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
+        per_slot += 4 * rnn_state_size + 8  # final_obs, final_rnn, final_t
+        return num_slots * ((rollout + 1) * per_step + per_slot)
 
 
 def shm_available_bytes(path: str = "/dev/shm") -> int:

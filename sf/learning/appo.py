@@ -7,10 +7,14 @@ docs/architecture.md (`N` trajectories of `T` steps, slot `T` holding the state 
     shuffled; a single minibatch is used in place, without a copy):
         logits, values = model.forward_sequence(obs [n, T+1], ...)      # one encoder call, RNN over time
         -> time-major [T(+1), n] (a free transpose: the model's outputs are time-major underneath)
-        lag = version - policy_versions; valid = lag <= cfg.max_policy_lag
-        values of step T (learner's own weights) bootstrap V-trace (IMPALA) or GAE
+        lag = version - policy_versions; valid = lag <= cfg.max_policy_lag (async mode; hts/ppo bound the lag)
+        values of step T (learner's own weights) bootstrap V-trace (IMPALA) or GAE; a step whose episode was
+        truncated (time limit) is bootstrapped from the value of its final observation (final_obs)
         loss = PPO clipped surrogate + value_loss_coeff * clipped value loss - entropy bonus (masked means)
         backward, clip grad norm, Adam step, version += 1, on_sgd_step(version)
+
+Minibatch order comes from a generator seeded from --seed (its state goes into checkpoints); in hts/ppo modes a
+training batch is one rollout of every env, split into cfg.sync_minibatches() SGD steps of --batch_size samples.
 
 Input normalizers (vector obs, measurements) are updated once per `train` call, from steps 0..T-1 of the
 whole batch, before the first forward. With cfg.normalize_returns the returns normalizer is updated with
@@ -22,9 +26,11 @@ from typing import Callable, Optional
 
 import torch
 
+from sf.cfg import sync_minibatches
 from sf.learning.gae import gae
 from sf.learning.losses import appo_loss, masked_mean
-from sf.learning.vtrace import vtrace
+from sf.learning.vtrace import truncation_bootstrap, vtrace
+from sf.seeding import MINIBATCH, run_seed, stream_seed
 
 STAT_KEYS = ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm",
              "learning_rate", "lag_min", "lag_avg", "lag_max", "masked_fraction", "num_samples", "num_masked",
@@ -37,6 +43,11 @@ class APPO:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                           eps=getattr(cfg, "adam_eps", 1e-6))
+        sync = getattr(cfg, "sync_mode", "async") != "async"
+        self.num_minibatches = sync_minibatches(cfg) if sync else int(cfg.num_batches_per_epoch)
+        self.max_policy_lag = float("inf") if sync else cfg.max_policy_lag
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(stream_seed(run_seed(cfg), MINIBATCH))
 
     # --- one SGD step ---
     def _sgd_step(self, mb: dict, version: int) -> tuple[dict, bool]:
@@ -45,7 +56,7 @@ class APPO:
         n, t_len = rewards.shape
         num = float(n * t_len)
         lag = version - mb["policy_versions"].t()  # [T, n]
-        valid = lag <= cfg.max_policy_lag
+        valid = lag <= self.max_policy_lag
         num_valid = valid.sum()
         lag_f = lag.to(torch.float32)
         lag_stats = torch.stack([lag_f.min(), lag_f.mean(), lag_f.max(), num_valid.float()]).tolist()
@@ -74,11 +85,17 @@ class APPO:
             v = values.detach()
             if normalize_returns:
                 v = model.returns_normalizer.denormalize(v)
+            truncated = mb["truncated"].t()  # [T, n]
+            boot = None
+            if bool(truncated.any()):
+                boot = truncation_bootstrap(truncated, self._final_values(mb, v[:t_len]), cfg.gamma)
             if cfg.with_vtrace:
                 targets, advantages = vtrace(behavior_log_probs, log_probs.detach(), rewards_tm, v[:t_len], v[t_len],
-                                             discounts, rho_bar=cfg.vtrace_rho, c_bar=cfg.vtrace_c)
+                                             discounts, rho_bar=cfg.vtrace_rho, c_bar=cfg.vtrace_c,
+                                             truncation_bootstrap=boot)
             else:
-                advantages, targets = gae(rewards_tm, v[:t_len], v[t_len], discounts, cfg.gae_lambda)
+                advantages, targets = gae(rewards_tm, v[:t_len], v[t_len], discounts, cfg.gae_lambda,
+                                          truncation_bootstrap=boot)
             if normalize_returns:
                 model.returns_normalizer.update(targets, valid)
                 targets = model.returns_normalizer.normalize(targets)
@@ -111,6 +128,20 @@ class APPO:
         out.update(zip(("lag_min", "lag_avg", "lag_max"), lag_stats))
         return self._stats(out, num, lag_stats[3]), stepped
 
+    @torch.no_grad()
+    def _final_values(self, mb: dict, values: torch.Tensor) -> torch.Tensor:
+        """[T, n] values of the observations truncated episodes ended in: V(final_obs) (learner's weights, the policy
+        worker's RNN state) at the step each trajectory's first truncation kept; V(x_t) at later ones in the same
+        trajectory, which kept no final observation (episodes shorter than --rollout cut by a time limit)."""
+        out = values.clone()  # values: [T, n] denormalized V(x_t)
+        final_t = mb["final_t"]  # [n], -1 where the trajectory kept no final observation
+        rows = (final_t >= 0).nonzero().squeeze(1)
+        if rows.numel():
+            obs = {k: v.index_select(0, rows) for k, v in mb["final_obs"].items()}
+            step = self.model.forward_step(obs, mb["final_rnn"].index_select(0, rows))
+            out[final_t.index_select(0, rows), rows] = step.values.float()
+        return out
+
     def _stats(self, out: dict, num: float, num_valid: float) -> dict:
         for k in ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm"):
             out.setdefault(k, 0.0)
@@ -130,7 +161,7 @@ class APPO:
         cfg, model = self.cfg, self.model
         model.train()
         n_traj, t_len = experience["rewards"].shape
-        num_mb = max(1, min(int(cfg.num_batches_per_epoch), n_traj))
+        num_mb = max(1, min(self.num_minibatches, n_traj))
         if hasattr(model, "update_normalizers"):
             model.update_normalizers({k: v[:, :t_len] for k, v in experience["obs"].items()})
 
@@ -140,7 +171,7 @@ class APPO:
             if num_mb == 1:
                 minibatches = [experience]
             else:
-                perm = torch.randperm(n_traj, device=experience["rewards"].device)
+                perm = torch.randperm(n_traj, device=experience["rewards"].device, generator=self.generator)
                 minibatches = (_index(experience, idx) for idx in torch.tensor_split(perm, num_mb))  # lazy: one copy at a time
             for mb in minibatches:
                 stats, stepped = self._sgd_step(mb, version)

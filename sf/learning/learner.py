@@ -8,6 +8,13 @@ waits, the batcher stops taking slots, the free list runs dry and rollout worker
 instead of memory growing or experience going stale. At most one batch trains, one waits and the spare
 slots fill: policy lag stays within about three training batches' worth of SGD steps.
 
+--sync_mode hts/ppo: no batcher thread. A training batch is one rollout interval k of every env (slots
+(k % 2) * num_envs + env index, in that order: a fixed composition, whatever order they arrived in). hts: take batch
+k, publish the weights trained on batch k-1, let interval k+1 start, train on batch k (collection of k+1 overlaps it;
+policy lag exactly one batch after the first). ppo: take batch k, train, publish, let interval k+1 start (lag 0).
+Weights change for the actors only at these batch boundaries, and a --train_for_env_steps budget ends the run right
+after the batch that reaches it: the same seed and config give the same weights.
+
 The learner owns the model and optimizer, so it also writes the checkpoints (periodic, best, final).
 """
 from __future__ import annotations
@@ -23,8 +30,9 @@ import torch
 from sf.learning.appo import APPO
 from sf.model.actor_critic import create_actor_critic
 from sf.runner.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
-                                  restore_rng_states)
+                                  restore_rng_states, weights_sha256)
 from sf.runner.shared_state import ENV_STEPS, FINISHED, VERSION
+from sf.seeding import MODEL, run_seed, stream_seed
 from sf_envs.registry import env_spec
 
 log = logging.getLogger("sf.learner")
@@ -41,18 +49,27 @@ class Learner:
         self.cfg, self.buffers, self.q = cfg, buffers, queues
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
         self.heartbeat = shared_state.heartbeat_slot("learner")
+        torch.manual_seed(stream_seed(run_seed(cfg), MODEL))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
         self.appo = APPO(self.model, cfg, self.device)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=0, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric)
         self.frames_per_traj = cfg.rollout * env_spec(cfg.env, cfg).frameskip
-        self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
+        self.sync = cfg.sync_mode if getattr(cfg, "sync_mode", "async") != "async" else None
+        self.num_envs = cfg.num_workers * cfg.num_envs_per_worker
+        if self.sync:
+            self.trajs_per_batch = self.num_envs
+        else:
+            self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
         self.version, self.env_steps = 0, 0
         self.pending: list[int] = []
         self.last_save = time.time()
         self._load_checkpoint()
         self.state.learner[ENV_STEPS] = self.env_steps
+        self.sync_batch = 0  # hts/ppo: the rollout interval whose batch comes next
+        self.published = {}  # hts/ppo: batches trained on -> the policy version published after them
+        self.budget_done = False
         self._publish(self.version)
 
     # --- checkpoints ---
@@ -65,11 +82,14 @@ class Learner:
         check_compatible(state["meta"], self.meta, state.get("path", "latest checkpoint"))
         load_into(self.model, self.appo.optimizer, state)
         restore_rng_states(state)
+        if torch.is_tensor(state.get("minibatch_rng")):
+            self.appo.generator.set_state(state["minibatch_rng"].cpu().to(torch.uint8))
         self.version, self.env_steps = int(state["policy_version"]), int(state["env_steps"])
         log.info("Resumed from checkpoint: policy version %d, %d env frames", self.version, self.env_steps)
 
     def save(self, final: bool = False) -> None:
-        state = make_checkpoint_state(self.model, self.appo.optimizer, self.version, self.env_steps, self.meta)
+        state = make_checkpoint_state(self.model, self.appo.optimizer, self.version, self.env_steps, self.meta,
+                                      extra={"minibatch_rng": self.appo.generator.get_state()})
         path = self.checkpoints.save(state, self.version, self.env_steps)
         metric, episodes = float(self.state.best_metric[0]), int(self.state.best_metric[1])
         if episodes > 0 and self.env_steps >= self.cfg.save_best_after:
@@ -83,6 +103,13 @@ class Learner:
         self.state.beat(self.heartbeat)  # after every SGD step: a long training batch is not a stall
         self.shared_weights.publish(self.model, version)
         self.state.learner[VERSION] = version
+
+    def _on_sgd_step(self, version: int) -> None:
+        if self.sync:  # the actors' weights change at batch boundaries only
+            self.version = version
+            self.state.beat(self.heartbeat)
+        else:
+            self._publish(version)
 
     # --- batcher ---
     def collect(self, timeout: float):
@@ -100,33 +127,88 @@ class Learner:
             return None
         if len(self.pending) < self.trajs_per_batch:
             return None
+        if self.sync:  # one interval of every env, in env order
+            self.pending.sort()
+            expected = list(range((self.sync_batch % 2) * self.num_envs, (self.sync_batch % 2 + 1) * self.num_envs))
+            if self.pending != expected:
+                raise RuntimeError(f"--sync_mode {self.sync}: batch {self.sync_batch} got slots {self.pending[:8]}..., "
+                                   f"expected {expected[0]}..{expected[-1]}")
         slots = torch.tensor(self.pending[: self.trajs_per_batch], dtype=torch.int64)
         self.pending = self.pending[self.trajs_per_batch:]
         experience = self.buffers.gather(slots, self.device)
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # the copy must finish before the slots are reused
-        self.q.free.put_many(slots.tolist())
+        if not self.sync:  # (sync modes: slots are fixed; the rollout workers wait for sync_ready instead)
+            self.q.free.put_many(slots.tolist())
         return experience
 
     # --- training ---
     def train(self, experience) -> None:
-        stats = self.appo.train(experience, self.version, on_sgd_step=self._publish)
+        if self.sync:
+            return self.train_sync(experience)
+        stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step)
+        self._trained(stats)
+
+    def _trained(self, stats: list) -> None:
         self.env_steps += self.trajs_per_batch * self.frames_per_traj
         self.state.learner[ENV_STEPS] = self.env_steps
         self.q.report.put(("train", stats, self.version, self.env_steps))
         if time.time() - self.last_save > self.cfg.save_every_sec:
             self.save()
 
+    def train_sync(self, experience) -> None:
+        """hts/ppo: one batch k = one rollout interval of every env (see the module docstring)."""
+        k = self.sync_batch
+        if k == 0:
+            self.published[0] = self.version  # the initial (or resumed) weights, published at start
+        if self.sync == "hts":
+            behaviour = max(k - 1, 0)  # interval k ran on the weights trained on batches 0..k-2
+            if k > 0:
+                self._publish(self.version)  # trained on batches 0..k-1: interval k+1's weights
+                self.published[k] = self.version
+            self.state.set_sync_ready(k + 1)
+        else:
+            behaviour = k
+        versions = experience["policy_versions"]
+        lo, hi = int(versions.min()), int(versions.max())
+        if lo != hi or lo != self.published[behaviour]:  # the mode's guarantee, checked on the data itself
+            raise RuntimeError(f"--sync_mode {self.sync}: batch {k} holds samples of policy versions {lo}..{hi}, "
+                               f"expected only {self.published[behaviour]}")
+        stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step)
+        for s in stats:
+            s["policy_lag_batches"] = float(k - behaviour)
+        if self.sync == "ppo":
+            self._publish(self.version)
+            self.published[k + 1] = self.version
+            self.state.set_sync_ready(k + 1)
+        self.published.pop(behaviour - 1, None)
+        self.sync_batch = k + 1
+        self._trained(stats)
+        if self.env_steps >= self.cfg.train_for_env_steps:  # end at this batch boundary, whoever notices first
+            self.budget_done = True
+
     def run_once(self, timeout: float = 0.0) -> bool:
         """Serial mode: collect without a thread and train when a batch is complete."""
+        if self.budget_done:
+            return False
         experience = self.collect(timeout)
         if experience is None:
             return False
         self.train(experience)
         return True
 
+    def run_sync(self) -> None:
+        """hts/ppo in process mode: batches in interval order, no batcher thread (nothing to overlap with)."""
+        from sf.runner.supervision import runner_alive
+        while not self.state.stopping() and runner_alive() and not self.budget_done:
+            self.state.beat(self.heartbeat)
+            self.run_once(timeout=0.1)
+        self.finish()
+
     def run(self) -> None:
         """Process mode: batcher thread + training loop until the runner asks to stop; then the final save."""
+        if self.sync:
+            return self.run_sync()
         batches: queue.Queue = queue.Queue(maxsize=1)
         stop = threading.Event()
 
@@ -160,6 +242,7 @@ class Learner:
 
     def finish(self) -> None:
         self.save(final=True)
+        self.q.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps))
         self.state.learner[FINISHED] = 1.0
 
 

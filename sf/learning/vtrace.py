@@ -11,7 +11,7 @@ import torch
 @torch.no_grad()
 def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rewards: torch.Tensor,
            values: torch.Tensor, bootstrap_value: torch.Tensor, discounts: torch.Tensor,
-           rho_bar: float = 1.0, c_bar: float = 1.0):
+           rho_bar: float = 1.0, c_bar: float = 1.0, truncation_bootstrap: torch.Tensor | None = None):
     r"""V-trace targets `vs` and policy-gradient advantages, computed without gradient.
 
     Notation: T is the rollout length (time dimension, first), B the batch size (trajectories, second).
@@ -30,6 +30,11 @@ def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rew
 
     With rho_bar = c_bar = 1 and on-policy data (pi = mu) v_s is the n-step bootstrapped return.
 
+    Truncation is not termination: an episode cut by a time limit after step t (done_t = 1, so gamma_t = 0 and the
+    traces stop there) continues in a state x'_{t+1} nobody will see, whose target is its value. With
+    truncation_bootstrap[t] = gamma * V(x'_{t+1}) at such steps (0 elsewhere), r_t + truncation_bootstrap[t] takes
+    the place of r_t above: delta_t V = rho_t (r_t + gamma V(x'_{t+1}) - V(x_t)), and the same in the advantage.
+
     Args:
       behavior_log_probs: float32 [T, B], log mu(a_t | x_t) of the actions taken (from the policy worker).
       target_log_probs: float32 [T, B], log pi(a_t | x_t) under the current (learner) policy.
@@ -40,6 +45,8 @@ def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rew
       rho_bar: float, clipping threshold rho-bar of the importance weights in delta_t V and the
         policy-gradient advantage.
       c_bar: float, clipping threshold c-bar of the trace-cutting coefficients c_i.
+      truncation_bootstrap: optional float32 [T, B], gamma * V(final observation) where the episode was truncated
+        after step t, 0 elsewhere (see truncation_bootstrap()).
 
     Returns:
       (vs, pg_advantages): float32 [T, B] each, without gradient. vs are the value targets v_s.
@@ -48,7 +55,7 @@ def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rew
     rhos = torch.clamp(ratios, max=rho_bar)
     cs = torch.clamp(ratios, max=c_bar)
     values = values.float()
-    rewards = rewards.float()
+    rewards = rewards.float() if truncation_bootstrap is None else rewards.float() + truncation_bootstrap.float()
     discounts = discounts.float()
     bootstrap_value = bootstrap_value.float()
 
@@ -67,3 +74,14 @@ def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rew
     vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
     pg_advantages = rhos * (rewards + discounts * vs_next - values)
     return vs, pg_advantages
+
+
+@torch.no_grad()
+def truncation_bootstrap(truncated: torch.Tensor, final_values: torch.Tensor, gamma: float) -> torch.Tensor:
+    """gamma * V(final observation) where an episode was cut by a time limit, 0 elsewhere.
+
+    truncated: float32 [T, B], 1 where the episode was truncated after step t; final_values: float32 [T, B], the value
+    of the observation the truncated step led to (any value elsewhere, NaN included: it is not used).
+    Returns float32 [T, B], the extra reward of vtrace()'s and gae()'s `truncation_bootstrap`.
+    """
+    return torch.where(truncated > 0, gamma * final_values.float(), torch.zeros_like(final_values, dtype=torch.float32))

@@ -6,7 +6,7 @@
 | MultiDiscrete(n1..k)| k                | int64   | n1 + ... + nk         | k independent categoricals (summed) |
 | Box(shape)          | prod(shape)      | float32 | 2 * prod(shape)       | diagonal Gaussian (means, log-stds) |
 
-Distributions accept logits with any leading dims `[..., L]`: `sample()`/`mode()` give `[..., A]`,
+Distributions accept logits with any leading dims `[..., L]`: `sample(noise=None)`/`mode()` give `[..., A]`,
 `log_prob(actions [..., A])`/`entropy()` give `[...]` (summed over heads / dimensions). They are plain
 tensor code (no torch.distributions argument validation): the policy worker calls them on every step.
 """
@@ -75,12 +75,18 @@ class CategoricalHeads:
     def log_probs_per_head(self) -> list[torch.Tensor]:
         return self._log_p
 
-    def sample(self) -> torch.Tensor:
-        # Gumbel-max: argmax(log p - log(-log U)) is a sample of softmax(log p); one vectorized op per head.
+    def sample(self, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """noise: optional [..., A] uniforms in [0, 1), one per head: the action is then a function of the logits and
+        the noise alone (inverse CDF), whatever batch it is computed in (hts/ppo modes)."""
         out = []
-        for lp in self._log_p:
-            u = torch.rand_like(lp).clamp_(min=1e-20, max=1.0 - 1e-7)
-            out.append(torch.argmax(lp - torch.log(-torch.log(u)), dim=-1))
+        for i, lp in enumerate(self._log_p):
+            if noise is None:  # Gumbel-max: argmax(log p - log(-log U)) samples softmax(log p); one vectorized op
+                u = torch.rand_like(lp).clamp_(min=1e-20, max=1.0 - 1e-7)
+                out.append(torch.argmax(lp - torch.log(-torch.log(u)), dim=-1))
+            else:  # the first action whose cumulative probability exceeds u
+                cdf = torch.cumsum(lp.exp(), dim=-1)
+                u = noise[..., i:i + 1].to(cdf.dtype) * cdf[..., -1:]
+                out.append((cdf <= u).sum(-1).clamp_(max=lp.shape[-1] - 1))
         return torch.stack(out, dim=-1)
 
     def mode(self) -> torch.Tensor:
@@ -121,8 +127,9 @@ class DiagGaussian:
         self.log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         self.std = self.log_std.exp()
 
-    def sample(self) -> torch.Tensor:
-        return self.mean + self.std * torch.randn_like(self.mean)
+    def sample(self, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """noise: optional [..., A] standard-normal draws (hts/ppo modes); drawn here when absent."""
+        return self.mean + self.std * (torch.randn_like(self.mean) if noise is None else noise.to(self.mean.dtype))
 
     def mode(self) -> torch.Tensor:
         return self.mean
@@ -139,6 +146,15 @@ class DiagGaussian:
         var_ratio = (self.std / other.std) ** 2
         t1 = ((self.mean - other.mean) / other.std) ** 2
         return 0.5 * (var_ratio + t1 - 1.0 - torch.log(var_ratio)).sum(-1)
+
+
+def draw_action_noise(space, rng: np.random.Generator, out: np.ndarray) -> None:
+    """Fill `out` [A] with the noise `sample(noise)` turns into one action: uniforms in [0, 1) for categorical heads,
+    standard normals for Box dimensions."""
+    if isinstance(space, spaces.Box):
+        rng.standard_normal(out=out, dtype=np.float32)
+    else:
+        rng.random(out=out, dtype=np.float32)
 
 
 def action_distribution(space, logits: torch.Tensor):

@@ -33,6 +33,7 @@ One CheckpointManager writes to a directory at a time (the learner of that polic
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -72,6 +73,17 @@ def model_signature(model: torch.nn.Module) -> dict:
     uses it to name the first differing entry instead of letting load_state_dict print a shape traceback.
     """
     return {name: list(t.shape) for name, t in model.state_dict().items()}
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's state_dict (names, dtypes, shapes and bytes, in name order): equal digests mean bitwise
+    identical weights (and normalizer statistics)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        flat = t.detach().cpu().contiguous().reshape(-1)  # (0-dim tensors cannot be viewed as bytes)
+        h.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return h.hexdigest()
 
 
 def _rng_states() -> dict:

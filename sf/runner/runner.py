@@ -25,7 +25,7 @@ import torch
 
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers, shm_available_bytes, shm_used_bytes
-from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg
+from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
 from sf.ipc import Queue
 from sf.learning.learner import Learner, checkpoint_meta, run_learner
 from sf.model.actor_critic import create_actor_critic
@@ -39,6 +39,13 @@ from sf.sampling.rollout_worker import RolloutWorker, run_rollout_worker
 from sf_envs.registry import env_spec, make_env
 
 log = logging.getLogger("sf")
+MODE_LINES = {
+    "async": "async (asynchronous APPO: policy lag varies, samples older than --max_policy_lag are masked)",
+    "hts": "hts (HTS-RL batch-synchronous: training batches of {batch} samples, one rollout of every env, "
+           "{steps} SGD steps each; policy lag exactly 1 batch after the first; same seed and config => same weights)",
+    "ppo": "ppo (synchronous PPO: collect {batch} samples, one rollout of every env, then {steps} SGD steps; "
+           "policy lag 0 batches; same seed and config => same weights)",
+}
 STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are killed after it (budget: 10 s)
 
 
@@ -216,7 +223,9 @@ class Runner:
         self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
         num_envs = cfg.num_workers * cfg.num_envs_per_worker
         self.num_slots = cfg.num_traj_buffers or num_envs + 2 * self.trajs_per_batch
-        if self.num_slots < num_envs + self.trajs_per_batch:
+        if cfg.sync_mode != "async":  # two storages of one slot per env (HTS-RL); --num_traj_buffers does not apply
+            self.trajs_per_batch, self.num_slots = num_envs, 2 * num_envs
+        elif self.num_slots < num_envs + self.trajs_per_batch:
             raise ConfigError(f"--num_traj_buffers {self.num_slots} is too small: need at least num_workers*num_envs_per_worker"
                               f" + batch_size*num_batches_per_epoch/rollout = {num_envs + self.trajs_per_batch}")
         self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, cfg.rollout, self.obs_space, self.action_space,
@@ -252,8 +261,9 @@ class Runner:
             free=Queue(maxsize=num_slots + 1, max_size_bytes=max(2**16, msg_bytes * num_slots * 2)),
             report=Queue(max_size_bytes=2**25),
         )
-        self.queues.free.put_many(list(range(num_slots)))
-        self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip)
+        if cfg.sync_mode == "async":  # (hts/ppo: fixed slots, no free list)
+            self.queues.free.put_many(list(range(num_slots)))
+        self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip, sync_mode=cfg.sync_mode)
         self.procs: dict[str, torch.multiprocessing.Process] = {}
         self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
         self.last_watch = time.monotonic()  # the stall watchdog's last look
@@ -264,9 +274,13 @@ class Runner:
         self.learner_ready = False  # the learner loaded its checkpoint and published its first weights
         for note in getattr(cfg, "_notes", []):
             log.info("%s", note)
-        log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB)",
-                 self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, num_slots,
-                 self.buffer_bytes / 2**20)
+        log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB), "
+                 "seed %d", self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, num_slots,
+                 self.buffer_bytes / 2**20, cfg.seed)
+        mode = MODE_LINES[cfg.sync_mode].format(batch=self.trajs_per_batch * cfg.rollout,
+                                                steps=sync_minibatches(cfg) * cfg.num_epochs)
+        log.info("Mode: %s", mode)
+        self.stats.writer.add_text("config/mode", mode)
 
     def worker_queues(self, w: int):
         q = self.queues
@@ -349,6 +363,8 @@ class Runner:
                     self.stack_files[msg[1]] = msg[2]
                 elif kind == "checkpoint":
                     log.info("Saved %scheckpoint %s", "final " if msg[2] else "", msg[1])
+                elif kind == "final_weights":
+                    log.info("Final weights sha256: %s (policy version %d, %d env frames)", msg[1], msg[2], msg[3])
                 elif kind == "error":
                     self._crashed(msg[1], msg[2])
 
@@ -428,7 +444,8 @@ class Runner:
         last_report = last_summary = start
         while not self.state.stopping():
             self._drain_reports()
-            if not self._check_processes() or not self._check_stalls() or self.budget_reached(start):
+            # the budget first: in hts/ppo the learner ends the run itself at the batch reaching it, and exits
+            if self.budget_reached(start) or not self._check_processes() or not self._check_stalls():
                 break
             if not self.learner_ready and self.shared_weights.version >= 0:
                 self.learner_ready = True  # frames count from where the checkpoint left them (no jump in the FPS)

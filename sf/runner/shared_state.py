@@ -3,6 +3,8 @@
     stop            [1]  int64   1 once the runner asked everyone to stop
     worker_frames   [W]  int64   env frames collected by each rollout worker (FPS is read off these)
     learner         [3]  float64 env frames trained on, policy version, 1.0 when the learner finished its final save
+    sync_ready      [1]  int64   hts/ppo modes: training batches whose data the learner took (and, after it, published the
+                                 weights the next rollout uses); rollout interval j starts once it is >= j
     best_metric     [2]  float64 running average of the best-checkpoint metric and its number of episodes
     heartbeats      [P]  float64 time.monotonic() of each process's last sign of life (learner, policy workers, rollout
                                  workers, in that order): the runner's watchdog for a process stuck in a call that
@@ -27,12 +29,13 @@ class SharedState:
         self.worker_frames = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
         self.learner = torch.zeros(3, dtype=torch.float64).share_memory_()
         self.best_metric = torch.zeros(2, dtype=torch.float64).share_memory_()
+        self.sync_ready = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._views()
 
     def _views(self) -> None:
         # numpy views for the per-step reads and writes of workers: ~0.1 us instead of ~5-10 us of torch indexing
         self._stop_np, self._worker_frames_np = self.stop.numpy(), self.worker_frames.numpy()
-        self._heartbeats_np = self.heartbeats.numpy()
+        self._heartbeats_np, self._sync_ready_np = self.heartbeats.numpy(), self.sync_ready.numpy()
 
     def __getstate__(self) -> dict:  # views are rebuilt in the receiving process (pickled, they would be copies)
         return {k: v for k, v in self.__dict__.items() if not k.endswith("_np")}
@@ -43,6 +46,12 @@ class SharedState:
 
     def stopping(self) -> bool:
         return bool(self._stop_np[0])
+
+    def sync_ready_batches(self) -> int:
+        return int(self._sync_ready_np[0])
+
+    def set_sync_ready(self, batches: int) -> None:
+        self._sync_ready_np[0] = batches
 
     def set_worker_frames(self, worker: int, frames: int) -> None:
         self._worker_frames_np[worker] = frames

@@ -4,7 +4,8 @@ TensorBoard tags follow Sample Factory's habits (one writer per policy, under tr
     perf/_fps, perf/_sample_throughput, perf/fps_{10,60,300}s, perf/total_frames
     reward/reward{,_min,_max}, len/len{,_min,_max}, reward/score{,...} (unshaped game score)
     train/{policy_loss,value_loss,entropy,kl_divergence,clip_fraction,grad_norm,learning_rate}
-    train/policy_lag_{min,avg,max}, train/masked_fraction, train/policy_version
+    train/policy_lag_{min,avg,max} (SGD steps), train/masked_fraction, train/policy_version
+    train/policy_lag_batches (hts/ppo modes: one point per training batch, the lag measured on its data)
     memory/rss_mb_{runner,rollout_workers,policy_workers,learner}
 """
 from __future__ import annotations
@@ -22,8 +23,10 @@ TRAIN_KEYS = ("policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fra
 
 
 class RunStats:
-    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, start_frames: int = 0):
-        self.frameskip = frameskip
+    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, start_frames: int = 0, sync_mode: str = "async"):
+        self.frameskip, self.sync_mode = frameskip, sync_mode
+        self.lag_batches = float("nan")  # hts/ppo: policy lag in training batches of the last batch
+        self.lag_batches_unwritten: list[float] = []  # ... and of every batch since the last summary
         self.frames_history: collections.deque = collections.deque(maxlen=4000)  # (time, total frames)
         self.start_frames = start_frames
         self.episodes: dict[str, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=stats_avg))
@@ -62,6 +65,9 @@ class RunStats:
             self.last_train = stats[-1]
             self.lag = {"min": min(s["lag_min"] for s in stats), "avg": float(np.mean([s["lag_avg"] for s in stats])),
                         "max": max(s["lag_max"] for s in stats)}
+            if "policy_lag_batches" in stats[-1]:
+                self.lag_batches = stats[-1]["policy_lag_batches"]
+                self.lag_batches_unwritten.append(self.lag_batches)
         self.version, self.learner_env_steps = version, env_steps
 
     # --- outputs ---
@@ -85,11 +91,18 @@ class RunStats:
     def report_line(self) -> str:
         fps = ", ".join(f"{w} sec: {self.fps(w):.1f}" for w in FPS_WINDOWS)
         line = (f"Fps is ({fps}). Total num frames: {self.total_frames}. Policy version: {self.version}. "
-                f"Policy lag (min: {self.lag['min']:.1f}, avg: {self.lag['avg']:.1f}, max: {self.lag['max']:.1f}). "
+                f"{self._lag_text()}. "
                 f"Avg episode reward: {self.mean('reward'):.3f} ({self.num_episodes} episodes)")
         if "score" in self.episodes:
             line += f", score: {self.mean('score'):.3f}"
         return line
+
+    def _lag_text(self) -> str:
+        lag = f"Policy lag (min: {self.lag['min']:.1f}, avg: {self.lag['avg']:.1f}, max: {self.lag['max']:.1f})"
+        if self.sync_mode == "async":
+            return lag
+        return f"Mode {self.sync_mode}: policy lag {self.lag_batches:.0f} batch{'es' if self.lag_batches != 1 else ''} " \
+               f"(in SGD steps: {lag[len('Policy lag ('):]}"
 
     def write_summaries(self) -> None:
         step = self.total_frames
@@ -116,6 +129,9 @@ class RunStats:
         for tag, v in scalars.items():
             if v == v:  # skip NaN (no data yet)
                 w.add_scalar(tag, v, step)
+        for v in self.lag_batches_unwritten:  # one point per training batch: the mode's guarantee, batch by batch
+            w.add_scalar("train/policy_lag_batches", v, step)
+        self.lag_batches_unwritten = []
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the TensorBoard writer (final write and fsync), waiting at most `timeout`: a run does not outlive its

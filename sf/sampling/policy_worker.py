@@ -5,6 +5,12 @@ Loop: `get_many` requests `(worker, group)` from the policy queue; look up each 
 actions; write actions, logits, behaviour log-probs, values, the policy version and rnn_states[t+1]
 into the trajectory buffers in place; reply `group` on each worker's queue. Before every batch it
 copies new weights if the learner's shared version moved (instant weight updates, paper section 3.1).
+
+--sync_mode hts/ppo: every batch runs through the model in chunks of exactly --sync_inference_chunk rows (padded), and
+actions come from the noise each env drew for its observation: an observation's outputs are then the same bits whatever
+batch, worker or layout served it (measured: CPU kernels give different bits for one row at different batch sizes, the
+same bits at one batch size whatever the row's position or neighbours). The learner publishes weights only at batch
+boundaries in these modes, so every request of an interval sees the same weights.
 """
 from __future__ import annotations
 
@@ -15,11 +21,16 @@ import numpy as np
 import torch
 
 from sf.model.actor_critic import create_actor_critic
+from sf.seeding import POLICY_WORKER, run_seed, stream_seed
 
 
 class PolicyWorker:
-    def __init__(self, cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device: str):
+    def __init__(self, cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device: str,
+                 worker_idx: int = 0):
         self.cfg, self.buffers, self.env_slots, self.q = cfg, buffers, env_slots, queues
+        self.sync = getattr(cfg, "sync_mode", "async") != "async"
+        self.chunk = getattr(cfg, "sync_inference_chunk", 16)
+        torch.manual_seed(stream_seed(run_seed(cfg), POLICY_WORKER, worker_idx))  # action sampling in async mode
         self.shared_weights, self.device = shared_weights, torch.device(device)
         self.group_size = cfg.num_envs_per_worker // cfg.worker_num_splits
         self.random_policy = getattr(cfg, "random_policy", False)
@@ -37,7 +48,7 @@ class PolicyWorker:
         self.obs_flat = {k: v.view(n * (self.T + 1), *v.shape[2:]).numpy() for k, v in b.obs.items()}
         self.rnn_flat = b.rnn_states.view(n * (self.T + 1), -1).numpy()
         self.step_flat = {k: getattr(b, k).view(n * self.T, *getattr(b, k).shape[2:]).numpy()
-                          for k in ("actions", "action_logits", "log_probs", "values", "policy_versions")}
+                          for k in ("actions", "action_logits", "log_probs", "values", "policy_versions", "action_noise")}
         # --random_policy on (Multi)Discrete spaces: uniform actions drawn in numpy, constant log-prob.
         from gymnasium import spaces
         self.random_nvec = None
@@ -47,7 +58,7 @@ class PolicyWorker:
             self.random_nvec = np.asarray(action_space.nvec, dtype=np.int64).reshape(-1)
         if self.random_nvec is not None:
             self.random_log_prob = -float(np.log(self.random_nvec.astype(np.float64)).sum())
-            self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 7919)
+            self.rng = np.random.default_rng(stream_seed(run_seed(cfg), POLICY_WORKER, worker_idx))
             if self.random_policy:  # the uniform policy's constant outputs, written once for every (slot, t)
                 for tensor, value in ((b.action_logits, 0.0), (b.log_probs, self.random_log_prob), (b.values, 0.0),
                                       (b.rnn_states, 0.0)):  # (every policy worker writes the same values)
@@ -85,7 +96,11 @@ class PolicyWorker:
         """Sampler benchmark on (Multi)Discrete actions (the paper's "infinitely fast action generation"): uniform
         actions drawn in numpy, no network, no torch. step: [B] flat indices of (slot, t) into the [N * T] buffers."""
         out = self.step_flat  # logits, log-probs, values and RNN states are constant: written in __init__
-        out["actions"][step] = self.rng.integers(self.random_nvec, size=(len(step), len(self.random_nvec)))
+        if self.sync:  # each env's own noise: uniforms in [0, 1) -> uniform actions
+            u = out["action_noise"][step].astype(np.float64)
+            out["actions"][step] = np.minimum((u * self.random_nvec).astype(np.int64), self.random_nvec - 1)
+        else:
+            out["actions"][step] = self.rng.integers(self.random_nvec, size=(len(step), len(self.random_nvec)))
         out["policy_versions"][step] = self.version
 
     @torch.inference_mode()
@@ -99,10 +114,12 @@ class PolicyWorker:
             values, new_rnn = torch.zeros(len(step), device=self.device), rnn
         else:
             obs = {k: torch.from_numpy(v[obs_i]).to(self.device, non_blocking=True) for k, v in self.obs_flat.items()}
-            res = self.model.forward_step(obs, rnn)
-            logits, values, new_rnn = res.action_logits, res.values, res.new_rnn_states
+            logits, values, new_rnn = self._forward_chunked(obs, rnn) if self.sync else self.model.forward_step(obs, rnn)
         dist = self.model.action_distribution(logits)
-        actions = dist.sample()
+        if self.sync:
+            actions = dist.sample(torch.from_numpy(out["action_noise"][step]).to(self.device, non_blocking=True))
+        else:
+            actions = dist.sample()
         log_probs = dist.log_prob(actions)
         out["actions"][step] = actions.cpu().numpy()
         out["action_logits"][step] = logits.float().cpu().numpy()
@@ -112,13 +129,26 @@ class PolicyWorker:
         self.rnn_flat[obs_i + 1] = new_rnn.float().cpu().numpy()
 
 
+    def _forward_chunked(self, obs: dict, rnn: torch.Tensor):
+        """forward_step on chunks of exactly `self.chunk` rows, the last one padded with zeros: obs key -> [B, ...],
+        rnn [B, H] -> (logits [B, L], values [B], new_rnn [B, H]), each row independent of the others' bits."""
+        b, c = rnn.shape[0], self.chunk
+        pad = -b % c
+        if pad:
+            obs = {k: torch.cat([v, v.new_zeros((pad, *v.shape[1:]))]) for k, v in obs.items()}
+            rnn = torch.cat([rnn, rnn.new_zeros((pad, rnn.shape[1]))])
+        outs = [self.model.forward_step({k: v[i:i + c] for k, v in obs.items()}, rnn[i:i + c])
+                for i in range(0, b + pad, c)]
+        return tuple(torch.cat(parts)[:b] for parts in zip(*outs))
+
+
 def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights, shared_state,
                       device) -> None:
     """Process entry: normal priority, `--policy_worker_torch_threads` threads."""
     from sf.runner.supervision import limit_threads, runner_alive
     limit_threads(cfg.policy_worker_torch_threads)
     heartbeat = shared_state.heartbeat_slot(f"policy_worker_{worker_idx}")
-    worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device)
+    worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device, worker_idx)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
     while not shared_state.stopping() and runner_alive():
         shared_state.beat(heartbeat)

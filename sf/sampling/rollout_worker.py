@@ -12,6 +12,12 @@ Protocol (double-buffered sampling, paper section 3.2), per group g of envs:
      system's backpressure when the learner falls behind). Before it waits there, the worker hands the learner
      the trajectories it finished earlier in the same group: held back, they could be the very ones the learner
      needs to complete a batch and free slots (with many workers, enough of them to deadlock the run).
+
+--sync_mode hts/ppo (HTS-RL): slots are fixed, two storages of one slot per env: env i's trajectory of rollout interval
+k is slot (k % 2) * num_envs + i. A group that finished interval k asks for actions of interval k+1 only once the
+learner took batch k (SharedState.sync_ready): batch synchronization every --rollout steps. Each env draws the noise
+of its actions from its own stream (sf.seeding), so actions do not depend on which policy worker or batch serves them.
+An episode cut by a time limit keeps its final observation (final_obs) for the learner's bootstrap.
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ import torch
 
 from typing import Callable, Optional
 
+from sf.model.action_spaces import draw_action_noise
+from sf.seeding import action_noise_rng, run_seed
 from sf_envs.registry import env_spec, make_env
 
 EPISODE_REPORT_SEC = 1.0
@@ -48,7 +56,15 @@ class RolloutWorker:
         self.obs_np = {k: v.numpy() for k, v in buffers.obs.items()}
         self.actions_np = buffers.actions.numpy()
         self.rewards_np, self.dones_np = buffers.rewards.numpy(), buffers.dones.numpy()
+        self.truncated_np, self.noise_np = buffers.truncated.numpy(), buffers.action_noise.numpy()
+        self.final_obs_np = {k: v.numpy() for k, v in buffers.final_obs.items()}
+        self.final_rnn_np, self.final_t_np = buffers.final_rnn.numpy(), buffers.final_t.numpy()
         self.rnn_np = buffers.rnn_states.numpy()
+        # hts/ppo: the group's rollout interval, and the groups waiting for the learner before their next interval
+        self.sync = getattr(cfg, "sync_mode", "async") != "async"
+        self.total_envs = cfg.num_workers * self.num_envs
+        self.interval = np.zeros(cfg.worker_num_splits, dtype=np.int64)
+        self.waiting: dict[int, int] = {}
         self.env_slots_np = env_slots.numpy()
         self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")
         self.envs = []
@@ -59,6 +75,7 @@ class RolloutWorker:
         except BaseException:  # an env that fails to start, or a stop meanwhile: close the ones already running
             self._close_envs()
             raise
+        self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_envs + e) for e in range(self.num_envs)]
         self.discrete = self.actions_np.dtype == np.int64
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
         self.slot = np.zeros(self.num_envs, dtype=np.int64)
@@ -102,14 +119,40 @@ class RolloutWorker:
         for e, env in enumerate(self.envs):
             self.state.beat(self.heartbeat)
             obs, _ = env.reset(seed=self._env_seed(e))
-            self.slot[e] = self._take_free_slot()
+            self.slot[e] = self._next_slot(e, interval=0)
             self.t[e] = 0
             self._write_obs(e, obs, self.slot[e], 0)
             self.rnn_np[self.slot[e], 0] = 0.0
         self.env_slots_np[self.w, :, 0] = self.slot
         self.env_slots_np[self.w, :, 1] = self.t
         for g in range(self.cfg.worker_num_splits):
-            self.q.policy.put((self.w, g))
+            self._request_actions(g)
+
+    def _next_slot(self, e: int, interval: int) -> int:
+        """The slot env e fills next: fixed in hts/ppo modes, any free one otherwise. Marks it as holding no final
+        observation yet."""
+        if self.sync:
+            slot = (interval % 2) * self.total_envs + self.w * self.num_envs + e
+        else:
+            slot = self._take_free_slot()
+        self.final_t_np[slot] = -1
+        return slot
+
+    def _request_actions(self, g: int) -> None:
+        """Ask the policy workers for group g's actions at its current steps (hts/ppo: with each env's noise)."""
+        lo, hi = g * self.group_size, (g + 1) * self.group_size
+        if self.sync:
+            for e in range(lo, hi):
+                draw_action_noise(self.envs[e].action_space, self.noise_rngs[e], self.noise_np[self.slot[e], self.t[e]])
+        self.q.policy.put((self.w, g))
+
+    def _release_waiting(self) -> None:
+        """hts/ppo: groups whose next interval the learner has allowed go on."""
+        ready = self.state.sync_ready_batches()
+        for g, interval in list(self.waiting.items()):
+            if ready >= interval:
+                del self.waiting[g]
+                self._request_actions(g)
 
     def _take_free_slot(self) -> int:
         try:
@@ -139,6 +182,9 @@ class RolloutWorker:
     def run_once(self, timeout: float = 0.1) -> bool:
         """Step every group whose actions are ready. Returns False when nothing arrived within timeout."""
         self.state.beat(self.heartbeat)
+        if self.waiting:
+            self._release_waiting()
+            timeout = min(timeout, 0.002)  # a batch boundary: keep an eye on the learner
         try:
             groups = self.q.worker.get_many(timeout=timeout)
         except Empty:
@@ -162,20 +208,24 @@ class RolloutWorker:
             try:
                 obs, reward, terminated, truncated, info = self.envs[e].step(action)
                 done = terminated or truncated
+                cut = truncated and not terminated  # a time limit: the learner bootstraps from the final observation
                 if done:
                     if "episode" in info:  # a real episode end (an Atari life loss is done without one)
                         self.episodes.append({k: float(v) for k, v in info["episode"].items()})
+                    if cut:
+                        self._keep_final(slot, t, obs)
                     obs, _ = self.envs[e].reset()
             except Exception as ex:
-                obs, reward, done = self._replace_env(e, ex), 0.0, True
+                obs, reward, done, cut = self._replace_env(e, ex), 0.0, True, False
             self.rewards_np[slot, t] = reward
             self.dones_np[slot, t] = float(done)
+            self.truncated_np[slot, t] = float(cut)
             t += 1
             self._write_obs(e, obs, slot, t)
             if done:
                 self.rnn_np[slot, t] = 0.0  # the next step starts a new episode: fresh recurrent state
             if t == T:
-                new_slot = self._take_free_slot()
+                new_slot = self._next_slot(e, interval=self.interval[g] + 1)
                 for k in self.obs_np:
                     self.obs_np[k][new_slot, 0] = self.obs_np[k][slot, T]
                 self.rnn_np[new_slot, 0] = self.rnn_np[slot, T]
@@ -187,7 +237,22 @@ class RolloutWorker:
         self.env_slots_np[self.w, lo:hi, 1] = ts
         self.frames += self.group_size * self.frameskip
         self._send_finished()
-        self.q.policy.put((self.w, g))
+        if self.sync and ts[0] == 0:  # the group finished its interval (its envs step in lockstep)
+            self.interval[g] += 1
+            if self.state.sync_ready_batches() < self.interval[g]:
+                self.waiting[g] = int(self.interval[g])
+                return
+        self._request_actions(g)
+
+    def _keep_final(self, slot: int, t: int, obs: dict) -> None:
+        """The last observation of an episode cut at step t, and the RNN state that follows it (written by the policy
+        worker into rnn_states[slot, t+1] before this step): the first such episode of the trajectory only."""
+        if self.final_t_np[slot] >= 0:
+            return
+        self.final_t_np[slot] = t
+        for k, v in obs.items():
+            self.final_obs_np[k][slot] = v
+        self.final_rnn_np[slot] = self.rnn_np[slot, t + 1]
 
     def _maybe_report(self, force: bool = False) -> None:
         now = time.time()

@@ -98,3 +98,52 @@ def test_gaussian_sampling_moments():
     s = action_distribution(spaces.Box(-5, 5, (2,), np.float32), logits).sample()
     assert torch.allclose(s.mean(0), torch.tensor([1.0, -2.0]), atol=0.05)
     assert torch.allclose(s.std(0), torch.tensor([0.5, 2.0]), atol=0.05)
+
+
+# --- sampling from per-observation noise (hts/ppo modes) ---
+def noise_for(space, n, seed=0):
+    from sf.model.action_spaces import draw_action_noise
+    rng = np.random.default_rng(seed)
+    out = np.empty((n, action_shape(space)[0]), np.float32)
+    for row in out:
+        draw_action_noise(space, rng, row)
+    return torch.from_numpy(out)
+
+
+def test_noise_sampling_frequencies_per_head():
+    """Inverse-CDF sampling from uniforms gives each head's probabilities (MultiDiscrete: heads independent)."""
+    probs = [torch.tensor([0.1, 0.6, 0.05, 0.25]), torch.tensor([0.7, 0.3]), torch.tensor([0.0, 0.5, 0.5])]
+    logits = torch.cat([p.log() for p in probs]).expand(60000, 9)
+    space = spaces.MultiDiscrete([4, 2, 3])
+    s = action_distribution(space, logits).sample(noise_for(space, 60000))
+    for i, p in enumerate(probs):
+        freq = torch.bincount(s[:, i], minlength=len(p)).float() / len(s)
+        assert torch.allclose(freq, p, atol=0.01), (i, freq)
+    assert (s[:, 2] != 0).all()  # probability 0 is never drawn
+    joint = ((s[:, 0] == 1) & (s[:, 1] == 0)).float().mean()
+    assert abs(float(joint) - 0.6 * 0.7) < 0.01
+
+
+def test_noise_sampling_is_a_function_of_logits_and_noise():
+    """The same (logits, noise) rows give the same actions whatever batch they are in, and the boundaries are exact:
+    u just below a cumulative probability picks that action, u at it the next one."""
+    space = spaces.Discrete(3)
+    logits = torch.log(torch.tensor([[0.25, 0.25, 0.5]]))
+    cdf = torch.cumsum(torch.softmax(logits, -1), -1)[0]
+    u = torch.tensor([[0.0], [float(cdf[0]) - 1e-4], [float(cdf[0])], [float(cdf[1]) + 1e-4], [0.9999]])
+    a = action_distribution(space, logits.expand(5, 3)).sample(u)[:, 0]
+    assert a.tolist() == [0, 0, 1, 2, 2]
+    big = torch.randn(64, 3)
+    noise = noise_for(space, 64, seed=3)
+    whole = action_distribution(space, big).sample(noise)
+    parts = torch.cat([action_distribution(space, big[i:i + 5]).sample(noise[i:i + 5]) for i in range(0, 64, 5)])
+    assert torch.equal(whole, parts)
+
+
+def test_noise_sampling_gaussian_uses_the_noise():
+    space = spaces.Box(-5, 5, (2,), np.float32)
+    logits = torch.tensor([[1.0, -2.0, float(np.log(0.5)), float(np.log(2.0))]]).expand(40000, 4)
+    noise = noise_for(space, 40000)
+    s = action_distribution(space, logits).sample(noise)
+    torch.testing.assert_close(s, torch.tensor([1.0, -2.0]) + torch.tensor([0.5, 2.0]) * noise)
+    assert torch.allclose(s.std(0), torch.tensor([0.5, 2.0]), atol=0.05)

@@ -66,3 +66,55 @@ def test_request_writes_exactly_its_group(setup):
         assert torch.isfinite(buffers.rnn_states[s, t + 1]).all()  # the state the next step starts from
     assert queues.workers[2].get(timeout=1) == 1 and queues.workers[0].get(timeout=1) == 0
     assert queues.workers[1].empty()
+
+
+def serve(cfg, obs_space, action_space, model_state, requests, seed=0):
+    """Serve `requests` in one batch of a fresh policy worker over fresh buffers (same contents each call); returns
+    the outputs written for worker 0's group 0."""
+    torch.manual_seed(seed)
+    model = create_actor_critic(cfg, obs_space, action_space)
+    model.load_state_dict(model_state)
+    workers, envs = cfg.num_workers, cfg.num_envs_per_worker
+    buffers = TrajectoryBuffers(2 * workers * envs, cfg.rollout, obs_space, action_space, model.rnn_state_size)
+    g = torch.Generator().manual_seed(1)
+    buffers.obs["obs"].copy_(torch.randint(0, 256, buffers.obs["obs"].shape, generator=g, dtype=torch.uint8))
+    buffers.rnn_states.normal_(generator=g)
+    buffers.action_noise.uniform_(generator=g)
+    env_slots = torch.zeros((workers, envs, 2), dtype=torch.int64).share_memory_()
+    env_slots[:, :, 0] = torch.arange(workers * envs).view(workers, envs)
+    env_slots[:, :, 1] = 3
+    weights = SharedWeights(model)
+    weights.publish(model, 1)
+    queues = SimpleNamespace(policy=Queue(), workers=[Queue() for _ in range(workers)])
+    pw = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, weights, "cpu")
+    pw.wait_for_weights(lambda: False)
+    queues.policy.put_many(requests)
+    served = 0
+    while served < len(requests) * envs // cfg.worker_num_splits:
+        served += pw.run_once(timeout=1.0)
+    for q in (queues.policy, *queues.workers):
+        q.close()
+    rows = env_slots[0, : envs // cfg.worker_num_splits, 0]
+    return [t[rows, 3].clone() for t in (buffers.actions, buffers.action_logits, buffers.log_probs, buffers.values,
+                                           buffers.rnn_states)]
+
+
+@pytest.mark.parametrize("mode", ["hts", "ppo"])
+def test_sync_mode_outputs_do_not_depend_on_the_batch(mode):
+    """In hts/ppo an observation's action, logits, value and next RNN state are the same bits whether it is served
+    alone or beside others (chunks of --sync_inference_chunk rows, actions from its env's noise). The same comparison
+    in async mode shows that the kernels here do give other bits for other batch sizes (what the chunks are for)."""
+    results = {}
+    for m in (mode, "async"):
+        cfg = parse_cfg(["--env", "test_image", "--num_workers", "4", "--num_envs_per_worker", "6", "--rollout", "8",
+                         "--recurrence", "8", "--device", "cpu", "--sync_mode", m, "--sync_inference_chunk", "4",
+                         "--train_dir", "/tmp/unused"])
+        env = make_env(cfg, 0)
+        obs_space, action_space = env.observation_space, env.action_space
+        env.close()
+        state = create_actor_critic(cfg, obs_space, action_space).state_dict()
+        alone = serve(cfg, obs_space, action_space, state, [(0, 0)])
+        crowd = serve(cfg, obs_space, action_space, state, [(1, 1), (0, 0), (3, 0), (2, 1), (1, 0)])
+        results[m] = [torch.equal(a, b) for a, b in zip(alone, crowd)]
+    assert all(results[mode]), results
+    assert not all(results["async"][1:]), "the kernels here are batch-invariant: this test cannot show the chunking"

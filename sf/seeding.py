@@ -1,0 +1,34 @@
+"""Every random stream of a run derives from `--seed` (HTS-RL section 4: randomness deferred to the data).
+
+    stream          seeded where                    drives
+    MODEL           learner, before the model       initial weights
+    MINIBATCH       learner (torch.Generator)       minibatch order (state saved in checkpoints)
+    POLICY_WORKER   each policy worker (index)      action sampling in async mode
+    ACTION_NOISE    each env (global env index)     action sampling in hts/ppo modes: one noise vector per
+                                                    observation, drawn by the env's rollout worker
+    Envs keep their own seeds (sf_envs.utils.derive_seed of the seed and the global env index).
+
+Seeds are mixed with numpy's SeedSequence, so nearby streams and nearby seeds are unrelated.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MODEL, MINIBATCH, POLICY_WORKER, ACTION_NOISE = 1, 2, 3, 4
+
+
+def run_seed(cfg) -> int:
+    """The run's seed (train.py always resolves one; a cfg built by hand without one counts as seed 0)."""
+    return getattr(cfg, "seed", None) or 0
+
+
+def stream_seed(seed: int, stream: int, *index: int) -> int:
+    """A 63-bit seed for `stream` (one of the constants above) and its index (worker or env), from the run's seed."""
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, stream, *(int(i) for i in index)]).generate_state(2)
+    return int((int(state[0]) << 32 | int(state[1])) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def action_noise_rng(seed: int, global_env_index: int) -> np.random.Generator:
+    """The generator of one env's action noise: the same env index gives the same stream whatever the layout of
+    workers and envs per worker."""
+    return np.random.default_rng(stream_seed(seed, ACTION_NOISE, global_env_index))
