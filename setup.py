@@ -1,6 +1,9 @@
 """Build and install the `sf` training system, its env integrations and the C++ IPC queue.
 
-Plain setuptools: `pip install -e .[doom,atari,dev]` compiles cpp/ with the system's C++ compiler.
+Plain setuptools: `pip install -e .[doom,atari,dev]` compiles cpp/ with the system's C++ compiler; `pip install .`
+or a wheel (`pip wheel --no-deps .`) hold the same: the packages sf and sf_envs, the compiled sf.ipc._cqueue, and the
+presets of configs/ as the package data `sf_configs` (sf/cfg.py finds them there when installed, in configs/ in a
+clone). Entry points: `python -m sf.train`, `python -m sf.enjoy`, and the console scripts sf-train and sf-enjoy.
 """
 from setuptools import Extension, find_packages, setup
 
@@ -8,6 +11,7 @@ cqueue = Extension(
     "sf.ipc._cqueue",
     sources=["cpp/ipc/cqueue.cpp", "cpp/ipc/cqueue_module.cpp"],
     include_dirs=["cpp/ipc"],
+    depends=["cpp/ipc/cqueue.h"],
     extra_compile_args=["-std=c++17", "-O3", "-Wall", "-Wextra", "-fvisibility=hidden"],
     libraries=["pthread"],
     language="c++",
@@ -17,9 +21,11 @@ setup(
     name="sf",
     version="0.1.0",
     description="High-throughput asynchronous actor-learner RL (Sample Factory architecture, APPO)",
-    packages=find_packages(include=["sf", "sf.*", "sf_envs", "sf_envs.*"]),
-    package_data={"sf_envs": ["doom/scenarios/*"]},
+    packages=find_packages(include=["sf", "sf.*", "sf_envs", "sf_envs.*"]) + ["sf_configs"],
+    package_dir={"sf_configs": "configs"},  # configs/ stays at the top of the clone; installed as sf_configs/*.json
+    package_data={"sf_configs": ["*.json"]},
     ext_modules=[cqueue],
+    entry_points={"console_scripts": ["sf-train = sf.train:main", "sf-enjoy = sf.enjoy:main"]},
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.1",

@@ -1,14 +1,10 @@
 #!/usr/bin/env python
-"""Train an agent: `python train.py --env doom_basic --num_workers 2` (see --help for every parameter)."""
+"""Train an agent: `python train.py --env doom_basic --num_workers 2` (see --help for every parameter).
+
+A thin wrapper of sf.train (the same as `python -m sf.train` and the installed console script `sf-train`)."""
 import sys
 
-from sf.cfg import cli_main
-
-
-def main(cfg) -> int:
-    from sf.runner.runner import run_training
-    return run_training(cfg)
-
+from sf.train import main
 
 if __name__ == "__main__":
-    sys.exit(cli_main(main, mode="train", prog="train.py"))
+    sys.exit(main(prog="train.py"))

@@ -51,7 +51,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIGS_DIR = REPO_ROOT / "configs"
+# The presets (configs/<family>.json): in an installed copy (wheel, `pip install .`) the package data `sf_configs`
+# beside `sf` (setup.py maps the clone's configs/ to it); in a clone, also under `pip install -e .`, configs/ itself.
+CONFIGS_DIR = next((d for d in (REPO_ROOT / "sf_configs", REPO_ROOT / "configs") if d.is_dir()), REPO_ROOT / "configs")
 
 EXPERIMENT_NAME_MAX_LEN = 128  # well under NAME_MAX (255): the runner appends suffixes such as _old_<stamp>_<n>
 EXPERIMENT_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-.=,+@: ")
@@ -565,11 +567,22 @@ def _preset_path_shown(path: Path) -> str:
         return str(path)
 
 
+# Env families that ship a preset (sf_envs/registry.py's built-in families): a missing file is a broken install.
+FAMILIES_WITH_PRESETS = ("doom", "atari", "dmlab", "gym", "test")
+
+
 def load_preset(env_name: str, family: str) -> dict:
     """Values of configs/<family>.json: its "defaults" then its "envs"[env_name] entry (raw JSON values,
-    converted and checked by parse_cfg). ConfigError naming the file if it is not of that form."""
+    converted and checked by parse_cfg). ConfigError naming the file if it is not of that form.
+
+    Every built-in family (FAMILIES_WITH_PRESETS) has a preset: a missing one is a ConfigError naming the file
+    (an install without its package data would otherwise train silently with the table defaults). Families that
+    users add with register_env() have none by design ({}: the table defaults), unless they put one in CONFIGS_DIR."""
     path = CONFIGS_DIR / f"{family}.json"
     if not path.exists():
+        if family in FAMILIES_WITH_PRESETS:
+            raise ConfigError(f"preset {path} of env family {family!r} is missing (an install without its package "
+                              f"data sf_configs? reinstall: pip install .)")
         return {}
     shown = _preset_path_shown(path)
     data = _read_json_object(path, shown)

@@ -1,0 +1,33 @@
+"""Train an agent: `python -m sf.train --env doom_basic --num_workers 2` (see --help for every parameter).
+
+The same entry point as the console script `sf-train` (installed with the package) and the clone's `train.py`.
+Exit codes: 0 done, 2 bad input (one line on stderr), 1 a failure of the run (one line; see the experiment's log).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional, Sequence
+
+from sf.cfg import cli_main
+
+
+def run(cfg) -> int:
+    """Train with a resolved configuration (sf.cfg.parse_cfg); returns the exit code."""
+    from sf.runner.runner import run_training
+    return run_training(cfg)
+
+
+def _prog() -> str:
+    """How the user invoked us, for messages: sf-train, train.py, or python -m sf.train."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m sf.train" if name in ("", "-c", "-m", "train.py", "__main__.py") else name
+
+
+def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
+    """Parse argv (default: the command line), train; returns the exit code (bad input: one line, exit code 2)."""
+    return cli_main(run, mode="train", prog=prog or _prog(), argv=None if argv is None else list(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
