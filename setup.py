@@ -35,6 +35,7 @@ setup(
         "tensorboardX>=2.6",
         "opencv-python-headless>=4.7",
         "tqdm>=4.60",
+        "av>=14",  # enjoy.py --save_video: H.264 (libx264 is in its wheels)
     ],
     extras_require={
         "doom": ["vizdoom>=1.2.3"],

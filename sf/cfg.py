@@ -287,9 +287,12 @@ PARAMS: list[Param] = [
     # --- enjoy ---
     P("load_checkpoint_kind", str, "latest", "Checkpoint to load", choices=("latest", "best"), scope="enjoy"),
     P("no_render", str2bool, False, "Run headless (no window)", scope="enjoy", nargs="?"),
-    P("save_video", str2bool, False, "Write an .mp4 of the episodes", scope="enjoy", nargs="?"),
-    P("video_name", _opt_str, None, "Video file name (default: replay_<experiment>.mp4 in the experiment dir)", scope="enjoy",
-      check=_path_problem),
+    P("save_video", str2bool, False, "Write an H.264 .mp4 of the episodes (yuv420p: plays in browsers and common players) "
+      "at the game's render resolution", scope="enjoy", nargs="?"),
+    P("video_name", _opt_str, None, "Video file name, ending in .mp4: a bare name goes in the experiment dir, a path is "
+      "taken as given (default: replay_<experiment>.mp4 in the experiment dir)", scope="enjoy", check=_path_problem),
+    P("video_gif", str2bool, False, "With --save_video: also write an animated GIF beside the .mp4 (same name, .gif; "
+      "GIFs grow fast: keep them short with --video_frames)", scope="enjoy", nargs="?"),
     P("video_frames", int, 1_000_000_000, "Maximum frames written to the video", scope="enjoy", min_value=1, max_value=10**12),
     P("fps", int, 0, "Video/window frame rate (0: the env's natural rate)", scope="enjoy", min_value=0, max_value=1000),
     P("max_num_episodes", int, 1_000_000_000, "Stop after this many episodes", scope="enjoy", min_value=1, max_value=10**12),

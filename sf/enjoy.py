@@ -2,29 +2,44 @@
 
 Loads the experiment's saved configuration (command-line flags override it) and its latest or best
 checkpoint; carries the recurrent state across steps and resets it between episodes.
+
+--save_video writes an H.264 .mp4 (yuv420p, +faststart: plays in browsers) of the env's rendered frames at their
+resolution, and with --video_gif an animated GIF beside it (VideoWriter, PyAV). A bad video path is a one-line
+ConfigError before the env starts; the files appear under their final names only once complete.
+
+`python -m sf.enjoy ...` (main() below), `python enjoy.py ...` and the `sf-enjoy` console script are one program.
 """
 from __future__ import annotations
 
 import os
+import secrets
+import sys
 import time
+from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
-import torch
 
-from sf.cfg import ConfigError, experiment_dir, resolve_device
-from sf.learning.learner import checkpoint_meta
-from sf.model.actor_critic import create_actor_critic
-from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible, load_into
-from sf_envs.registry import env_spec, make_env
+from sf.cfg import ConfigError, RunError, cli_main, experiment_dir, resolve_device
+
+# torch, the model and the envs are imported where used: `--help` and bad flags answer at once.
 
 NATIVE_FPS = {"doom": 35, "atari": 60, "dmlab": 60}
 
 
-def load_policy(cfg, obs_space, action_space, device):
-    """Model with the requested checkpoint's weights; one-line ConfigError for every user-side problem."""
+def _check_experiment_dir(cfg) -> Path:
     exp_dir = experiment_dir(cfg)
     if not exp_dir.is_dir():
         raise ConfigError(f"experiment directory {exp_dir} does not exist (check --experiment and --train_dir)")
+    return exp_dir
+
+
+def load_policy(cfg, obs_space, action_space, device):
+    """Model with the requested checkpoint's weights; one-line ConfigError for every user-side problem."""
+    from sf.learning.learner import checkpoint_meta
+    from sf.model.actor_critic import create_actor_critic
+    from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible, load_into
+    exp_dir = _check_experiment_dir(cfg)
     model = create_actor_critic(cfg, obs_space, action_space).to(device).eval()
     try:
         state = CheckpointManager(exp_dir, policy_id=0).load(cfg.load_checkpoint_kind, map_location=device)
@@ -46,48 +61,257 @@ def _render_mode(cfg) -> str | None:
     return None
 
 
-class VideoWriter:
-    """An .mp4 of what a person would see (the env's rendered frames, RGB [H, W, 3])."""
+def video_paths(cfg) -> tuple[Path, Path | None]:
+    """Where --save_video writes: the .mp4 and, with --video_gif, the .gif beside it. A one-line ConfigError
+    naming the directory for a path that cannot be a new file (checked again by VideoWriter, which tries)."""
+    name = cfg.video_name or f"replay_{cfg.experiment}.mp4"
+    has_dir = os.sep in name or bool(os.altsep and os.altsep in name)
+    path = Path(name) if has_dir else experiment_dir(cfg) / name
+    if os.path.isdir(path):
+        raise ConfigError(f"--video_name {path} is a directory; give a file name in it, such as {path / 'replay.mp4'}")
+    if path.suffix.lower() != ".mp4":
+        raise ConfigError(f"--video_name must end in .mp4 (got {name!r}); --video_gif adds a .gif beside it")
+    directory = path.parent
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+        raise ConfigError(f"video directory {directory} {what} (--video_name {name})")
+    return path, (path.with_suffix(".gif") if cfg.video_gif else None)
 
-    def __init__(self, path, fps: float):
-        self.path, self.fps, self.writer, self.frames = path, fps, None, 0
+
+class _Output:
+    """One file being encoded (FFmpeg container and stream), under a temporary name in its final directory until
+    finish() renames it. Creating the temporary file up front proves the directory writable before anything runs."""
+
+    def __init__(self, final: Path):
+        self.final = final
+        self.tmp = final.parent / f".{final.stem[:64]}.{os.getpid()}.{secrets.token_hex(4)}.part"
+        try:
+            os.close(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except OSError as e:
+            raise ConfigError(f"cannot write the video in directory {final.parent}: {e.strerror or e}") from None
+        self.container = self.stream = None
+        self._src = self._sink = self._graph = None  # _Gif's filter graph
+        self.count = 0
+
+    def add(self, frame: np.ndarray, rate: Fraction) -> None:
+        raise NotImplementedError
+
+    def _encode(self, frame) -> None:
+        for packet in self.stream.encode(frame):
+            self.container.mux(packet)
+
+    def finish(self) -> None:
+        if self.container is not None:
+            self._flush()
+            self.container.close()
+            self.container = None
+        os.replace(self.tmp, self.final)
+
+    def _flush(self) -> None:
+        self._encode(None)
+
+    def discard(self) -> None:
+        container, self.container = self.container, None
+        if container is not None:
+            try:
+                container.close()
+            except Exception:
+                pass
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
+
+
+class _Mp4(_Output):
+    """H.264 (libx264), yuv420p, moov atom first (+faststart): plays in browsers and common players."""
+
+    def add(self, frame: np.ndarray, rate: Fraction) -> None:
+        import av
+        h, w = frame.shape[:2]
+        if h % 2 or w % 2:  # yuv420p needs even sizes: repeat the last row / column
+            frame = np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+        if self.container is None:
+            self.container = av.open(str(self.tmp), "w", format="mp4", options={"movflags": "+faststart"})
+            self.stream = self.container.add_stream("libx264", rate=rate, options={"crf": "20", "preset": "fast"})
+            self.stream.width, self.stream.height = frame.shape[1], frame.shape[0]
+            self.stream.pix_fmt = "yuv420p"
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+        vf.pts, vf.time_base = self.count, 1 / rate
+        self._encode(vf)  # converted to yuv420p by the encoder
+        self.count += 1
+
+
+class _Gif(_Output):
+    """Animated GIF at the rendered size, one 256-color palette per frame (FFmpeg's palettegen + paletteuse)."""
+
+    def add(self, frame: np.ndarray, rate: Fraction) -> None:
+        import av
+        if self.container is None:
+            h, w = frame.shape[:2]
+            self.container = av.open(str(self.tmp), "w", format="gif")
+            self.stream = self.container.add_stream("gif", rate=rate)
+            self.stream.width, self.stream.height, self.stream.pix_fmt = w, h, "pal8"
+            self._graph = graph = av.filter.Graph()  # kept: its filters die with it
+            self._src = graph.add_buffer(width=w, height=h, format="rgb24", time_base=1 / rate)
+            split, gen = graph.add("split"), graph.add("palettegen", "stats_mode=single")
+            use, self._sink = graph.add("paletteuse", "new=1"), graph.add("buffersink")
+            self._src.link_to(split)
+            split.link_to(gen, 0, 0)
+            split.link_to(use, 1, 0)
+            gen.link_to(use, 0, 1)
+            use.link_to(self._sink)
+            graph.configure()
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+        vf.pts, vf.time_base = self.count, 1 / rate
+        self._src.push(vf)
+        self._drain()
+        self.count += 1
+
+    def _drain(self) -> None:
+        import av
+        while True:
+            try:
+                frame = self._sink.pull()
+            except (av.error.BlockingIOError, av.error.EOFError):
+                return
+            self._encode(frame)
+
+    def _flush(self) -> None:
+        self._src.push(None)
+        self._drain()
+        self._encode(None)
+
+    def discard(self) -> None:
+        super().discard()
+        self._src = self._sink = self._graph = None  # filters first, then their graph
+
+
+class VideoWriter:
+    """What a person would see (the env's rendered frames, RGB uint8 [H, W, 3]) as an H.264 .mp4 that browsers and
+    players play (yuv420p; an odd width or height is padded by one pixel, repeating the edge) and, with `gif_path`,
+    an animated GIF at the rendered size. Encoded with PyAV (FFmpeg with libx264).
+
+    The constructor creates the files under temporary names in their directories (a ConfigError naming the directory
+    if it cannot), so a bad path fails before anything runs; close() finishes them and renames them to their final
+    names, abort() (or a failure) removes them: nothing half-written is ever left under a final name."""
+
+    def __init__(self, path, fps: float, gif_path=None):
+        try:
+            import av  # noqa: F401
+        except ImportError:
+            raise ConfigError("--save_video needs PyAV (pip install av)") from None
+        self.path, self.gif_path, self.fps = Path(path), (Path(gif_path) if gif_path is not None else None), fps
+        self.rate = Fraction(fps).limit_denominator(1001)
+        self.frames = 0
+        self.shape: tuple | None = None  # [H, W, 3] of the first frame: every frame must match it
+        self._outputs: list[_Output] = []
+        self._done = False
+        try:
+            self._outputs.append(_Mp4(self.path))
+            if self.gif_path is not None:
+                self._outputs.append(_Gif(self.gif_path))
+        except BaseException:
+            self.abort()
+            raise
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """(width, height) of the .mp4 (the rendered size rounded up to even numbers), once a frame is written."""
+        return None if self.shape is None else (self.shape[1] + self.shape[1] % 2, self.shape[0] + self.shape[0] % 2)
 
     def add(self, frame: np.ndarray) -> None:
-        import cv2
-        if self.writer is None:
-            h, w = frame.shape[:2]
-            self.writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, (w, h))
-            if not self.writer.isOpened():
-                raise ConfigError(f"cannot write video {self.path} (OpenCV has no mp4 encoder here)")
-        self.writer.write(np.ascontiguousarray(frame[..., ::-1]))  # RGB -> OpenCV's BGR
+        if self._done:
+            raise RuntimeError("VideoWriter is closed")
+        frame = np.asarray(frame)
+        if self.shape is None:
+            if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3 or 0 in frame.shape:
+                self.abort()
+                raise RunError(f"cannot write video {self.path}: the env rendered {frame.dtype} {list(frame.shape)}, "
+                               f"not RGB uint8 [H, W, 3]")
+            self.shape = frame.shape
+        elif frame.shape != self.shape or frame.dtype != np.uint8:
+            self.abort()
+            raise RunError(f"cannot write video {self.path}: the rendered frame changed from {list(self.shape)} uint8 "
+                           f"to {list(frame.shape)} {frame.dtype}")
+        self._run(lambda: [out.add(frame, self.rate) for out in self._outputs])
         self.frames += 1
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.release()
+        """Finish the files and give them their final names (no file at all when no frame was written)."""
+        if self._done:
+            return
+        if self.frames == 0:
+            self.abort()
+            return
+        self._run(lambda: [out.finish() for out in self._outputs])
+        self._done = True
+
+    def abort(self) -> None:
+        """Remove what was written so far; the final names are left untouched."""
+        self._done = True
+        for out in self._outputs:
+            out.discard()
+
+    def _run(self, step) -> None:
+        try:
+            step()
+        except Exception as e:
+            self.abort()
+            raise RunError(f"cannot write video {self.path}: {e}") from None
 
 
 def run_enjoy(cfg) -> int:
+    import torch
+    from sf_envs.registry import env_spec
     device = torch.device(resolve_device(cfg))
     spec = env_spec(cfg.env, cfg)
+    _check_experiment_dir(cfg)
+    fps = cfg.fps or NATIVE_FPS.get(spec.family, 30) / spec.frameskip
+    video = None
+    if cfg.save_video:  # a bad path fails here, before the env starts and the episodes run
+        mp4_path, gif_path = video_paths(cfg)
+        video = VideoWriter(mp4_path, fps, gif_path=gif_path)
+    try:
+        rewards, lengths, frames = _play(cfg, spec, device, video)
+        if video is not None:
+            video.close()
+    except BaseException:
+        if video is not None:
+            video.abort()
+        raise
+    if rewards:
+        print(f"{len(rewards)} episodes: reward mean {np.mean(rewards):.3f} std {np.std(rewards):.3f}, "
+              f"length mean {np.mean(lengths):.1f} frames")
+    else:
+        print(f"No episode finished within {frames} env frames")
+    if video is not None:
+        if video.frames:
+            w, h = video.size
+            print(f"Video: {video.path} ({video.frames} frames, {w}x{h}, H.264, at {fps:.1f} fps)")
+            if video.gif_path is not None:
+                print(f"GIF: {video.gif_path}")
+        else:
+            print("Video: none written (no frame was recorded)")
+    return 0
+
+
+def _play(cfg, spec, device, video):
+    """The episodes: (episode rewards, episode lengths, env frames). Ctrl-C stops early and keeps what was played."""
+    import torch
+    from sf_envs.registry import make_env
     try:
         env = make_env(cfg, env_index=0, render_mode=_render_mode(cfg))
     except (ImportError, FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    model, state = load_policy(cfg, env.observation_space, env.action_space, device)
-    print(f"Loaded {cfg.load_checkpoint_kind} checkpoint: policy version {state['policy_version']}, "
-          f"{state['env_steps']} env frames")
-    fps = cfg.fps or NATIVE_FPS.get(spec.family, 30) / spec.frameskip
-    video = None
-    if cfg.save_video:
-        name = cfg.video_name or f"replay_{cfg.experiment}.mp4"
-        video = VideoWriter(experiment_dir(cfg) / name if os.sep not in name else name, fps)
-
     rewards, lengths = [], []
     frames = 0
-    rnn = torch.zeros((1, model.rnn_state_size), device=device)
-    obs, _ = env.reset(seed=cfg.seed)
     try:
+        model, state = load_policy(cfg, env.observation_space, env.action_space, device)
+        print(f"Loaded {cfg.load_checkpoint_kind} checkpoint: policy version {state['policy_version']}, "
+              f"{state['env_steps']} env frames")
+        rnn = torch.zeros((1, model.rnn_state_size), device=device)
+        obs, _ = env.reset(seed=cfg.seed)
         while len(rewards) < cfg.max_num_episodes and frames < cfg.max_num_frames:
             if video is not None and video.frames < cfg.video_frames:
                 video.add(env.render())
@@ -116,13 +340,14 @@ def run_enjoy(cfg) -> int:
         pass
     finally:
         env.close()
-        if video is not None:
-            video.close()
-    if rewards:
-        print(f"{len(rewards)} episodes: reward mean {np.mean(rewards):.3f} std {np.std(rewards):.3f}, "
-              f"length mean {np.mean(lengths):.1f} frames")
-    else:
-        print(f"No episode finished within {frames} env frames")
-    if video is not None:
-        print(f"Video: {video.path} ({video.frames} frames at {fps:.1f} fps)")
-    return 0
+    return rewards, lengths, frames
+
+
+def main(argv=None, *, prog: str | None = None) -> int:
+    """`python -m sf.enjoy` / `python enjoy.py` / the `sf-enjoy` console script: parse the enjoy flags and run.
+    Bad input is one line on stderr and exit code 2, an I/O failure one line and exit code 1."""
+    return cli_main(run_enjoy, mode="enjoy", prog=prog or os.path.basename(sys.argv[0] or "") or "sf-enjoy", argv=argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m sf.enjoy"))
