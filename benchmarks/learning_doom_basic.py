@@ -10,6 +10,7 @@ flags, e.g. the paper's setup for comparison:
         --num_epochs 1 --learning_rate 1e-4 --exploration_loss_coeff 0.003 --num_envs_per_worker 16
 
     python benchmarks/learning_doom_basic.py --frames 600000 --num_workers 2
+    python benchmarks/learning_doom_basic.py --sync_modes async hts ppo --seed 1   # one run per mode, one table each
 """
 from __future__ import annotations
 
@@ -34,14 +35,29 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=600_000)
     ap.add_argument("--num_workers", type=int, default=2)
     ap.add_argument("--target", type=float, default=0.75)
+    ap.add_argument("--sync_modes", nargs="+", default=["async"], choices=["async", "hts", "ppo"],
+                    help="one run per --sync_mode, in this order")
+    ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args()
     header(f"Learning curve: {args.env}")
+    summary = []
+    for mode in args.sync_modes:
+        print(f"\n## --sync_mode {mode}")
+        summary.append([mode, *learning_run(args, mode)])
+    print()
+    print(table(summary, ["mode", "wall time (s)", "final avg reward", f"frames to reach {args.target}"]))
+
+
+def learning_run(args, mode: str) -> tuple:
+    """One training run; prints its curve; returns (wall time, final average reward, frames to the target)."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         cmd = [sys.executable, str(ROOT / "train.py"), "--env", args.env, "--experiment", "learn", "--train_dir", tmp,
                "--num_workers", str(args.num_workers), "--train_for_env_steps", str(args.frames),
-               "--experiment_summaries_interval", "5", *args.extra]
+               "--experiment_summaries_interval", "5", "--sync_mode", mode, *args.extra]
+        if args.seed is not None:
+            cmd += ["--seed", str(args.seed)]
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         wall = time.time() - t0
         scalars = read_event_scalars(Path(tmp) / "learn")
@@ -58,6 +74,7 @@ def main() -> None:
     final = rewards[-1][1] if rewards else float("nan")
     print(f"\nwall time {wall:.0f} s for {args.frames} frames; final average reward {final:.3f}; "
           f"target {args.target} first reached at {first_hit if first_hit is not None else 'never'} frames")
+    return f"{wall:.0f}", f"{final:.3f}", first_hit if first_hit is not None else "never"
 
 
 if __name__ == "__main__":

@@ -222,7 +222,8 @@ PARAMS: list[Param] = [
       min_value=1, max_value=4096),
     P("policy_workers_per_policy", int, 1, "Policy worker processes (batched inference)", scope="train", min_value=1, max_value=256),
     P("set_workers_cpu_affinity", str2bool, True, "Pin rollout workers to cores (round-robin)", scope="train"),
-    P("num_traj_buffers", int, 0, "Trajectory buffer slots in shared memory (0: enough for all envs plus two training batches)",
+    P("num_traj_buffers", int, 0, "Trajectory buffer slots in shared memory (0: enough for all envs plus two training batches; "
+      "--sync_mode hts/ppo always use two per env)",
       scope="train", min_value=0, max_value=2**24),
     P("max_env_restarts", int, 10, "An env that raises in a rollout worker is logged with its traceback and replaced by a "
       "fresh one (its episode ends there); after this many replacements in one worker the run stops with a checkpoint "
@@ -712,7 +713,7 @@ def verify(cfg, mode: str = "train") -> None:
                               f"--batch_size ({cfg.batch_size}) must divide it (or be at least {per_batch})")
     if cfg.use_rnn and cfg.rollout % cfg.recurrence:
         raise ConfigError(f"--recurrence ({cfg.recurrence}) must divide --rollout ({cfg.rollout})")
-    if mode == "train" and cfg.num_traj_buffers:
+    if mode == "train" and cfg.num_traj_buffers and cfg.sync_mode == "async":  # (hts/ppo: two slots per env)
         need = cfg.num_workers * cfg.num_envs_per_worker + samples // cfg.rollout
         if cfg.num_traj_buffers < need:
             raise ConfigError(f"--num_traj_buffers ({cfg.num_traj_buffers}) must be 0 or at least num_workers x "

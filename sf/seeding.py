@@ -12,6 +12,8 @@ Seeds are mixed with numpy's SeedSequence, so nearby streams and nearby seeds ar
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 MODEL, MINIBATCH, POLICY_WORKER, ACTION_NOISE = 1, 2, 3, 4
@@ -32,3 +34,14 @@ def action_noise_rng(seed: int, global_env_index: int) -> np.random.Generator:
     """The generator of one env's action noise: the same env index gives the same stream whatever the layout of
     workers and envs per worker."""
     return np.random.default_rng(stream_seed(seed, ACTION_NOISE, global_env_index))
+
+
+def deterministic_kernels(device) -> None:
+    """hts/ppo on CUDA: deterministic cuDNN/cuBLAS kernels (autotuning picks kernels per run; cuBLAS needs a fixed
+    workspace). Call before the process's first CUDA work. On CPU nothing is needed beyond fixed batch compositions
+    (see sf.sampling.policy_worker) and a fixed number of threads: that is what the tests show bit for bit."""
+    import torch
+    if torch.device(device).type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False

@@ -32,7 +32,7 @@ from sf.model.actor_critic import create_actor_critic
 from sf.runner.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
                                   restore_rng_states, weights_sha256)
 from sf.runner.shared_state import ENV_STEPS, FINISHED, VERSION
-from sf.seeding import MODEL, run_seed, stream_seed
+from sf.seeding import MODEL, deterministic_kernels, run_seed, stream_seed
 from sf_envs.registry import env_spec
 
 log = logging.getLogger("sf.learner")
@@ -49,6 +49,8 @@ class Learner:
         self.cfg, self.buffers, self.q = cfg, buffers, queues
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
         self.heartbeat = shared_state.heartbeat_slot("learner")
+        if getattr(cfg, "sync_mode", "async") != "async":
+            deterministic_kernels(self.device)
         torch.manual_seed(stream_seed(run_seed(cfg), MODEL))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
         self.appo = APPO(self.model, cfg, self.device)

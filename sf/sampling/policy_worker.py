@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from sf.model.actor_critic import create_actor_critic
-from sf.seeding import POLICY_WORKER, run_seed, stream_seed
+from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
 
 
 class PolicyWorker:
@@ -31,6 +31,8 @@ class PolicyWorker:
         self.sync = getattr(cfg, "sync_mode", "async") != "async"
         self.chunk = getattr(cfg, "sync_inference_chunk", 16)
         torch.manual_seed(stream_seed(run_seed(cfg), POLICY_WORKER, worker_idx))  # action sampling in async mode
+        if self.sync:
+            deterministic_kernels(device)
         self.shared_weights, self.device = shared_weights, torch.device(device)
         self.group_size = cfg.num_envs_per_worker // cfg.worker_num_splits
         self.random_policy = getattr(cfg, "random_policy", False)
