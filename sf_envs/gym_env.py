@@ -4,7 +4,8 @@ Observations: a Dict with "obs" is kept; a uint8 image Box becomes uint8 [C, H, 
 converted); any other space becomes a float32 vector [D] (Discrete one-hot, others flattened).
 Actions: Discrete and MultiDiscrete (shifted to start at 0), MultiBinary and Tuple-of-Discrete as
 MultiDiscrete, Box flattened to 1-D float32. Episodes: info["episode"] = {"reward", "length"} is added at
-the end of every episode (sum of rewards, steps x frameskip) unless the env reports its own.
+the end of every episode (sum of rewards, steps x frameskip) unless the env reports its own, by gymnasium's
+RecordEpisodeStatistics (sf_envs.episode_stats.EpisodeStatistics) around the adapter.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Optional
 import gymnasium as gym
 import numpy as np
 
+from sf_envs.episode_stats import EpisodeStatistics
 from sf_envs.utils import cfg_seed, derive_seed, single_threaded
 
 
@@ -77,42 +79,33 @@ def _action_converter(space):
 
 
 class ContractAdapter(gym.Wrapper):
-    """Adapts a gymnasium env to the env contract (see the module docstring)."""
+    """Adapts a gymnasium env's spaces, actions, observations and first seed to the env contract (see the module
+    docstring); adapt_env() adds the episode report around it."""
 
-    def __init__(self, env: gym.Env, seed: Optional[int] = None, frameskip: int = 1):
+    def __init__(self, env: gym.Env, seed: Optional[int] = None):
         super().__init__(env)
         self.observation_space, self._obs = _obs_converter(env.observation_space)
         self.action_space, self._act = _action_converter(env.action_space)
-        self.frameskip = frameskip
         self.num_agents = 1
         self.is_multiagent = False
         self._first_seed = seed
-        self._ep_reward = 0.0
-        self._ep_len = 0
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
         if seed is None and self._first_seed is not None:
             seed = self._first_seed
         self._first_seed = None
         obs, info = self.env.reset(seed=seed, options=options)
-        self._ep_reward, self._ep_len = 0.0, 0
         return self._obs(obs), info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(self._act(action))
-        reward = float(reward)
-        self._ep_reward += reward
-        self._ep_len += 1
-        if terminated or truncated:
-            ep = info.get("episode") if isinstance(info, dict) else None
-            if not (isinstance(ep, dict) and "reward" in ep):
-                info = dict(info or {})
-                info["episode"] = {"reward": self._ep_reward, "length": self._ep_len * self.frameskip}
-        return self._obs(obs), reward, bool(terminated), bool(truncated), info
+        if (terminated or truncated) and not isinstance(info, dict):
+            info = dict(info or {})
+        return self._obs(obs), float(reward), bool(terminated), bool(truncated), info
 
 
 def adapt_env(env: gym.Env, cfg=None, env_index: int = 0, frameskip: int = 1) -> gym.Env:
-    return ContractAdapter(env, derive_seed(cfg_seed(cfg), env_index), frameskip)
+    return EpisodeStatistics(ContractAdapter(env, derive_seed(cfg_seed(cfg), env_index)), frameskip)
 
 
 def make_gym_env(env_id: str, cfg=None, env_index: int = 0, render_mode: Optional[str] = None) -> gym.Env:

@@ -100,8 +100,14 @@ def _dmlab_specs() -> dict[str, EnvSpec]:
 
 def _test_specs() -> dict[str, EnvSpec]:
     from sf_envs.test_envs import TEST_ENVS
-    return {name: EnvSpec(name, "test", 1, None, cls.__doc__.strip().splitlines()[0],
-                          factory=(lambda c: lambda cfg, env_index=0, render_mode=None: c(cfg, env_index, render_mode))(cls))
+
+    def factory_for(cls):
+        def factory(cfg, env_index=0, render_mode=None):
+            from sf_envs.episode_stats import EpisodeStatistics
+            return EpisodeStatistics(cls(cfg, env_index, render_mode))  # info["episode"] (frameskip 1)
+        return factory
+
+    return {name: EnvSpec(name, "test", 1, None, cls.__doc__.strip().splitlines()[0], factory=factory_for(cls))
             for name, cls in TEST_ENVS.items()}
 
 

@@ -8,7 +8,8 @@
 | test_memory   | float32 [4]           | Discrete(2)           | 6 steps         | 1.0            | 0.5 (also any memoryless policy) |
 
 All are deterministic given the seed of reset() (or, when reset() gets none, the seed derived from
-cfg.seed and env_index; unseeded when cfg.seed is None), cost microseconds per step, and report
+cfg.seed and env_index; unseeded when cfg.seed is None) and cost microseconds per step. make_env wraps them in
+sf_envs.episode_stats.EpisodeStatistics (gymnasium's RecordEpisodeStatistics), which reports
 info["episode"] = {"reward", "length"} at the end of every episode (frameskip 1: length = steps).
 """
 from __future__ import annotations
@@ -30,24 +31,19 @@ class _TestEnv(gym.Env):
         self.num_agents = 1
         self.is_multiagent = False
         self._first_seed = derive_seed(cfg_seed(cfg), env_index)
-        self._ep_reward = 0.0
-        self._ep_len = 0
+        self._steps = 0  # steps of this episode (the time limits)
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
         if seed is None and self._first_seed is not None:
             seed = self._first_seed
         self._first_seed = None
         super().reset(seed=seed)
-        self._ep_reward, self._ep_len = 0.0, 0
+        self._steps = 0
         return self._reset(), {}
 
     def _finish(self, obs, reward: float, terminated: bool, truncated: bool):
-        self._ep_reward += reward
-        self._ep_len += 1
-        info = {}
-        if terminated or truncated:
-            info["episode"] = {"reward": float(self._ep_reward), "length": self._ep_len}
-        return obs, float(reward), terminated, truncated, info
+        self._steps += 1
+        return obs, float(reward), terminated, truncated, {}
 
 
 class TestCorridor(_TestEnv):
@@ -76,7 +72,7 @@ class TestCorridor(_TestEnv):
         self.pos = min(max(self.pos + a - 1, 0), self.N - 1)
         terminated = self.pos == self.N - 1
         reward = self.GOAL_REWARD if terminated else self.STEP_REWARD
-        truncated = not terminated and self._ep_len + 1 >= self.MAX_STEPS
+        truncated = not terminated and self._steps + 1 >= self.MAX_STEPS
         return self._finish({"obs": self._eye[self.pos].copy()}, reward, terminated, truncated)
 
     def render(self):
@@ -119,7 +115,7 @@ class TestImage(_TestEnv):
         a = np.asarray(action).reshape(-1)
         reward = 0.5 * (int(a[0]) == self.cue[0]) + 0.5 * (int(a[1]) == self.cue[1])
         obs = self._new_cue()
-        return self._finish(obs, reward, self._ep_len + 1 >= self.STEPS, False)
+        return self._finish(obs, reward, self._steps + 1 >= self.STEPS, False)
 
     def render(self):
         return np.ascontiguousarray(self._images[self.cue].transpose(1, 2, 0))
@@ -152,7 +148,7 @@ class TestBox(_TestEnv):
         a = float(np.clip(np.asarray(action, np.float64).reshape(-1)[0], -1.0, 1.0))
         reward = 1.0 - abs(a - self.target)
         obs = self._new_target()
-        return self._finish(obs, reward, self._ep_len + 1 >= self.STEPS, False)
+        return self._finish(obs, reward, self._steps + 1 >= self.STEPS, False)
 
     def render(self):
         img = np.zeros((8, 64, 3), np.uint8)

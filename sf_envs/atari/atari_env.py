@@ -21,6 +21,7 @@ import cv2
 import gymnasium as gym
 import numpy as np
 
+from sf_envs.episode_stats import episode_report
 from sf_envs.params import get_param
 from sf_envs.utils import cfg_seed, derive_seed, single_threaded
 
@@ -153,10 +154,11 @@ class AtariEnv(gym.Env):
         obs = self._push_frame(np.maximum(self._buf[0], self._buf[1]))
         reward = float(np.sign(raw)) if self.clip_rewards else float(raw)
         info = {"lives": lives}
+        # the report is the game's, not a life's: counted here, not by RecordEpisodeStatistics, which would report
+        # every life with the clipped sum (sf_envs/episode_stats.py)
         if game_over or truncated:
             self._game_over = True
-            info["episode"] = {"reward": float(self._ep_raw), "length": int(ale.getEpisodeFrameNumber()),
-                               "score": float(self._ep_raw)}
+            info["episode"] = episode_report(self._ep_raw, ale.getEpisodeFrameNumber(), self._ep_raw)
         return obs, reward, bool(game_over or life_lost), bool(truncated), info
 
     def render(self):

@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from sf_envs.dmlab.levels import levels_of
+from sf_envs.episode_stats import episode_report
 from sf_envs.errors import EnvUnavailableError
 from sf_envs.params import get_param
 from sf_envs.utils import cfg_seed, derive_seed, single_threaded
@@ -184,8 +185,8 @@ class DmlabEnv(gym.Env):
             self._read_obs()
         reward = optimistic_asymmetric_clip(raw) if self.clip else raw
         info = {}
-        if terminated:
-            info["episode"] = {"reward": self._ep_raw, "length": self._ep_steps * self.frameskip, "score": self._ep_raw}
+        if terminated:  # the raw return, not the clipped sum RecordEpisodeStatistics would count
+            info["episode"] = episode_report(self._ep_raw, self._ep_steps * self.frameskip, self._ep_raw)
             info["level_name"] = self.level_name
         return self._obs, reward, terminated, False, info
 

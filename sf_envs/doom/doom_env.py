@@ -19,6 +19,7 @@ import numpy as np
 from sf_envs.doom.fetch_scenarios import fetch_hint, scenarios_dir
 from sf_envs.doom.scenario_check import check_scenario_files
 from sf_envs.doom.scenarios import NUM_MEASUREMENTS, NUM_WEAPONS, WEAPON_PREFERENCE, DoomScenario
+from sf_envs.episode_stats import episode_report
 from sf_envs.errors import EnvUnavailableError
 from sf_envs.params import get_param
 from sf_envs.utils import cfg_seed, derive_seed, single_threaded
@@ -298,6 +299,8 @@ class DoomEnv(gym.Env):
 
     # --- gym API ---
     def _reset_stats(self) -> None:
+        # info["episode"] is counted here, not by RecordEpisodeStatistics: its score is the engine's kill/frag
+        # counter or the unscaled game reward, seen only inside the env (sf_envs/episode_stats.py)
         self._ep_reward = 0.0  # training reward (shaped, scaled): Sample Factory's reported reward
         self._ep_game_reward = 0.0  # unshaped, unscaled game reward
         self._ep_steps = 0
@@ -357,8 +360,7 @@ class DoomEnv(gym.Env):
             timeout = game.is_episode_timeout_reached()
             truncated = bool(timeout) and not self.scenario.num_bots  # a match ends at its time limit
             terminated = not truncated
-            info["episode"] = {"reward": float(self._ep_reward), "length": int(self._ep_steps * self.frameskip),
-                               "score": float(self._episode_score())}
+            info["episode"] = episode_report(self._ep_reward, self._ep_steps * self.frameskip, self._episode_score())
         return self._obs, float(reward), terminated, truncated, info
 
     def _episode_score(self) -> float:

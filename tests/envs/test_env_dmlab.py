@@ -173,3 +173,22 @@ def test_missing_deepmind_lab_is_one_line(monkeypatch):
     with pytest.raises(EnvUnavailableError) as e:
         make_env(env_cfg("dmlab_rooms_watermaze"))
     assert "\n" not in str(e.value) and "github.com/deepmind/lab" in str(e.value)
+
+
+def test_episode_report_naive_count(fake_dmlab, tmp_path):
+    """One report per episode, counted from that episode's reset: reward = score = the sum of the raw rewards,
+    length = steps x frameskip (an episode cut by reset() reports nothing and does not leak into the next)."""
+    env = make_env(cfg("dmlab_rooms_watermaze", tmp_path, dmlab_reward_clipping=False, env_frameskip=5))
+    rng = np.random.default_rng(0)
+    env.reset()
+    for _ in range(3):
+        env.step(14)  # fire: +2, cut by the reset below
+    for _ in range(3):
+        env.reset()
+        rewards, term = [], False
+        while not term:
+            _, r, term, trunc, info = env.step(int(rng.integers(env.action_space.n)))
+            rewards.append(r)
+            assert ("episode" in info) == term and not trunc
+        assert info["episode"] == {"reward": sum(rewards), "length": 5 * len(rewards), "score": sum(rewards)}
+        assert len(rewards) == FakeLab.EPISODE_FRAMES // 5

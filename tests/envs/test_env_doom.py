@@ -91,6 +91,22 @@ def test_doom_basic_real_episode_reward_scaling():
     env.close()
 
 
+def test_doom_episode_report_naive_count_with_frameskip_and_restarts():
+    """info["episode"] vs a naive count over episodes that span engine restarts, with a frameskip override: reward =
+    the sum of step() rewards, length = steps x frameskip, score = reward / 0.01 (doom_basic's scale)."""
+    env = make_env(cfg_for("doom_basic", env_frameskip=3, doom_restart_engine_steps=60))
+    env.action_space.seed(1)
+    for _ in range(4):
+        rewards, info, _, _ = run_episode(env)
+        ep = info["episode"]
+        assert set(ep) == {"reward", "length", "score"}
+        assert ep["length"] == 3 * len(rewards)
+        assert ep["reward"] == pytest.approx(sum(rewards), abs=1e-9)
+        assert ep["score"] == pytest.approx(100 * ep["reward"], abs=1e-6)
+    assert env._engine_restarts >= 1
+    env.close()
+
+
 def test_doom_basic_policy_shoot_when_centered():
     """A scripted aimer: the episode ends with the kill and a positive score."""
     env = make_env(cfg_for("doom_basic"))
