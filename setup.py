@@ -40,6 +40,7 @@ setup(
     extras_require={
         "doom": ["vizdoom>=1.2.3"],
         "atari": ["ale-py>=0.9"],
-        "dev": ["pytest>=7", "pytest-timeout>=2.1", "faster-fifo>=1.4.5"],
+        "wandb": ["wandb>=0.17"],  # --with_wandb
+        "dev": ["pytest>=7", "pytest-timeout>=2.1", "faster-fifo>=1.4.5", "wandb>=0.17"],  # (wandb: its offline-run test)
     },
 )

@@ -28,6 +28,13 @@ spaces and _-.=,+@:, starting with a letter, digit or _, not ending with a space
 that is not empty and not the filesystem root (`validate_train_dir`); both in train and enjoy mode. The
 default experiment name is the env name with other characters replaced by `_` (`default_experiment_name`).
 
+Sample Factory's command lines run as written (`SF_FLAGS`, listed under their own heading in --help): a flag of
+Sample Factory's that is not a parameter here under that name is an alias (e.g. --ppo_epochs: stored as num_epochs;
+given with its target, the two must agree), selects something not implemented (e.g. --num_policies: only 1 is
+accepted, anything else is one line naming the flag), or has no meaning here (e.g. --benchmark, --pbt_*: accepted,
+not stored, one line in the run log via cfg._notes). Booleans take Sample Factory's spellings too (t/f),
+and a bare boolean flag of theirs means True.
+
 `parse_cfg` returns an `argparse.Namespace` and writes nothing (it reads the preset and the saved config.json).
 Bad input raises `ConfigError`, whose message is one line; entry points print it and exit with code 2
 (`cli_main`). A failure that is not the
@@ -93,9 +100,9 @@ def str2bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
     s = str(v).strip().lower()
-    if s in ("true", "1", "yes", "y", "on"):
+    if s in ("true", "t", "1", "yes", "y", "on"):  # Sample Factory's str2bool spellings (t/f, y/n) included
         return True
-    if s in ("false", "0", "no", "n", "off"):
+    if s in ("false", "f", "0", "no", "n", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected True or False, got {v!r}")
 
@@ -151,6 +158,28 @@ def _experiment_problem(v: str) -> Optional[str]:
     if v[-1] == " ":
         return f"must not end with a space (got {_show(v)})"
     return None
+
+
+def _label_problem(v: str, max_len: int = 128, forbidden: str = "") -> Optional[str]:
+    """A short name given to an outside service (W&B user, project, group, ...)."""
+    if not v.strip():
+        return "must not be empty"
+    if _control_char(v) is not None:
+        return f"must not contain control characters (got {_show(v)})"
+    if len(v) > max_len:
+        return f"must be at most {max_len} characters long (got {len(v)})"
+    bad = next((c for c in v if c in forbidden), None)
+    if bad is not None:
+        return f"must not contain any of {forbidden} (got {_show(v)})"
+    return None
+
+
+def _wandb_project_problem(v: str) -> Optional[str]:
+    return _label_problem(v, forbidden="/\\#?%:")
+
+
+def _wandb_tags_problem(tags: list) -> Optional[str]:
+    return next((f"entries {p}" for p in (_label_problem(t, max_len=64) for t in tags) if p), None)
 
 
 def _env_name_problem(v: str) -> Optional[str]:  # the registry checks the name itself
@@ -212,7 +241,8 @@ PARAMS: list[Param] = [
     P("sync_inference_chunk", int, 16, "hts/ppo: policy workers run the model on chunks of exactly this many "
       "observations (padded), so that an observation's actions do not depend on which others share its batch (CPU "
       "kernels give different bits for different batch sizes)", scope="train", min_value=1, max_value=4096),
-    P("device", str, "auto", "auto (CUDA when available, else CPU), cpu or cuda", choices=("auto", "cpu", "cuda")),
+    P("device", str, "auto", "auto (CUDA when available, else CPU), cpu or cuda (Sample Factory's gpu: cuda)",
+      choices=("auto", "cpu", "cuda")),
     P("serial_mode", str2bool, False, "Run every component in one process (for debugging)", scope="train"),
     # --- sampling ---
     P("num_workers", int, min(os.cpu_count() or 1, 4096), "Number of rollout worker processes", scope="train",
@@ -261,6 +291,10 @@ PARAMS: list[Param] = [
     P("normalize_advantage", str2bool, True, "Normalize advantages per minibatch", scope="train"),
     P("max_policy_lag", int, 100, "Samples older than this many SGD steps are masked out of the loss", scope="train",
       min_value=0, max_value=10**9),
+    P("reward_scale", float, 1.0, "Env rewards are multiplied by this for training (then clipped to --reward_clip); "
+      "reported returns are the env's own", scope="train", min_value=0.0, min_exclusive=True, max_value=1e6),
+    P("reward_clip", float, 1000.0, "Training rewards (after --reward_scale) are clipped to [-x, x]", scope="train",
+      min_value=0.0, min_exclusive=True, max_value=1e12),
     # --- model ---
     P("use_rnn", str2bool, True, "Recurrent core (False: feed-forward)"),
     P("rnn_type", str, "gru", "Recurrent core type", choices=("gru", "lstm")),
@@ -281,10 +315,22 @@ PARAMS: list[Param] = [
     P("save_best_metric", str, "reward", "Metric of the best checkpoint (average over --stats_avg episodes)", choices=("reward", "score"), scope="train"),
     P("save_best_after", int, 100_000, "Keep a best checkpoint only after this many env frames", scope="train",
       min_value=0, max_value=10**15),
+    P("save_milestones_sec", int, -1, "Every this many seconds, also keep a copy of the checkpoint in "
+      "checkpoint_p0/milestones/ that is never pruned (-1 or 0: no milestones)", scope="train", min_value=-1,
+      max_value=10**10),
     P("stats_avg", int, 100, "Episodes averaged for reward statistics", scope="train", min_value=1, max_value=10**6),
     P("report_interval_sec", float, 5.0, "Console report period", scope="train", min_value=0.1, max_value=86400.0),
     P("experiment_summaries_interval", float, 10.0, "TensorBoard summary period in seconds", scope="train",
       min_value=0.1, max_value=86400.0),
+    # --- Weights & Biases (Sample Factory's flags) ---
+    P("with_wandb", str2bool, False, "Log the run's summaries to Weights & Biases too", scope="train"),
+    P("wandb_user", _opt_str, None, "W&B entity (user or team); None: the logged-in user's default", scope="train",
+      check=_label_problem),
+    P("wandb_project", str, "sf", "W&B project", scope="train", check=_wandb_project_problem),
+    P("wandb_group", _opt_str, None, "W&B group of the run (None: none)", scope="train", check=_label_problem),
+    P("wandb_job_type", _opt_str, None, "W&B job type of the run (None: none)", scope="train", check=_label_problem),
+    P("wandb_tags", str, [], "W&B tags of the run (0 or more, each 1-64 characters)", nargs="*", scope="train",
+      check=_wandb_tags_problem),
     # --- enjoy ---
     P("load_checkpoint_kind", str, "latest", "Checkpoint to load", choices=("latest", "best"), scope="enjoy"),
     P("no_render", str2bool, False, "Run headless (no window)", scope="enjoy", nargs="?"),
@@ -307,6 +353,253 @@ _NOT_RESUMED = {"restart_behavior", "train_dir", "experiment"}
 
 # Named checks an env parameter (a dict in sf_envs/params.py) may give as "check".
 NAMED_CHECKS: dict[str, Callable[[Any], Optional[str]]] = {"path": _path_problem}
+
+
+# --- Sample Factory's command lines ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SFFlag:
+    """A flag of Sample Factory's (1.x and 2.x) command lines that is not one of our parameters under that name, so
+    that the training and enjoy commands of its documentation run here as written. `kind`:
+
+    - "alias": our parameter `target` under Sample Factory's name. The value (converted by `type`, then mapped by
+      `value` when given) is checked as the target's and stored under the target's name (config.json never has the
+      alias). Given together with the target's own flag, the two must agree (`agrees`, else equality): one line
+      otherwise. `value` may return _KEEP (e.g. SF's "None: the env's default"): as if not given.
+    - "only": Sample Factory selects something with it; the values in `ok` are what this implementation does and are
+      accepted (with `note`, a line in the run log); any other value is refused in one line: the flag, its value
+      and `why`.
+    - "ignored": no meaning here (tuning of Sample Factory's own internals): the value is checked for its type,
+      not stored, and the run log has one line naming it and `why`.
+    The README has the whole table (every Sample Factory flag: same / alias / implemented / refused / ignored)."""
+    name: str
+    kind: str
+    why: str = ""
+    target: Optional[str] = None
+    type: Callable = str  # int, float, str2bool, str, _opt_int, _opt_str
+    ok: tuple = ()
+    value: Optional[Callable[[Any], Any]] = None
+    agrees: Optional[Callable[[Any, Any], bool]] = None
+    note: str = ""
+    nargs: Optional[str] = None  # "?" for booleans (a bare flag means True, as SF's store_true flags), "*" for lists
+    scope: str = "all"  # "all", "train", "enjoy" (an alias takes its target's)
+
+
+_KEEP = object()  # an alias's value meaning "not given" (Sample Factory's "None / -1: the default")
+
+
+def _one_layer(layers: list) -> int:
+    if len(layers) != 1:
+        raise _Bad(f"must be one layer here (the fully connected layer after the conv layers, --hidden_size), "
+                   f"got {len(layers)}")
+    return layers[0]
+
+
+def _alias(name, target, why="", **kw) -> SFFlag:
+    return SFFlag(name, "alias", why, target, **kw)
+
+
+def _only(name, type, ok, why, nargs=None, **kw) -> SFFlag:
+    return SFFlag(name, "only", why, type=type, ok=ok, nargs="?" if type is str2bool else nargs, **kw)
+
+
+def _ignored(name, type, why, scope="train", nargs=None) -> SFFlag:
+    return SFFlag(name, "ignored", why, type=type, nargs="?" if type is str2bool else nargs, scope=scope)
+
+
+_NO_PBT = "population-based training is not implemented (--with_pbt False)"
+_BUFFERS = "trajectory buffer slots are sized by --num_traj_buffers here"
+_DECORRELATE = "no start-up decorrelation delays here: envs are seeded apart"
+_INTERNALS = "a setting of Sample Factory's own processes; nothing to set here"
+_HUB = "uploading to the Hugging Face Hub is not implemented"
+SF_FLAGS: list[SFFlag] = [
+    # --- aliases: our parameter under Sample Factory's (1.x) name ---
+    _alias("ppo_epochs", "num_epochs", "Sample Factory 1.x"),
+    _alias("num_batches_per_iteration", "num_batches_per_epoch", "Sample Factory 1.x"),
+    _alias("async_rl", "sync_mode", "True: --sync_mode async; False: synchronous PPO, --sync_mode ppo (or hts)",
+           type=str2bool, value=lambda b: "async" if b else "ppo",
+           agrees=lambda ours, given: (ours == "async") == (given == "async")),
+    _alias("res_w", "doom_res_w", "Doom observation width"),
+    _alias("res_h", "doom_res_h", "Doom observation height"),
+    _alias("env_framestack", "atari_framestack", "frames are stacked for Atari only"),
+    _alias("encoder_subtype", "encoder_conv_architecture", "Sample Factory 1.x"),
+    _alias("encoder_conv_mlp_layers", "hidden_size", "exactly one layer, of --hidden_size", type=int, nargs="*",
+           value=_one_layer),
+    _alias("num_bots", "doom_num_bots", "-1: the scenario's default", type=int,
+           value=lambda n: None if n == -1 else n),
+    _alias("timelimit", "doom_bots_timelimit", "minutes; None: the default", type=_opt_str,
+           value=lambda v: _KEEP if v is None else v),
+    _alias("dmlab30_dataset", "dmlab_dataset_path"),
+    _alias("dmlab_level_cache_path", "dmlab_level_cache_dir"),
+    # --- selects something: what we do is accepted, anything else refused ---
+    _only("algo", str, ("APPO",), "only APPO is implemented here (a sampling benchmark: --sampler_only True or "
+          "--random_policy True)"),
+    _only("num_policies", int, (1,), "populations are not implemented yet: one policy (--num_policies 1)"),
+    _only("with_pbt", str2bool, (False,), "population-based training is not implemented yet (--with_pbt False)"),
+    _only("policy_index", int, (0,), "one policy per experiment here (populations are not implemented yet): "
+          "--policy_index 0", scope="enjoy"),
+    _only("num_agents", int, (-1, 1), "multi-agent envs (Doom self-play) are not implemented: one agent per env "
+          "(-1 or 1)"),
+    _only("num_humans", int, (0,), "human players are not implemented (0)"),
+    _only("start_bot_difficulty", _opt_int, (None,), "Sample Factory's adaptive bot difficulty is not implemented; "
+          "the bots' fixed skill is --doom_bots_difficulty (0-100)"),
+    _only("wide_aspect_ratio", str2bool, (False,), "the game renders 4:3 (160x120) here; a wide aspect ratio is "
+          "not implemented", note="what this implementation does (the game renders 4:3 at 160x120, downsampled "
+          "to --doom_res_w x --doom_res_h)"),
+    _only("kl_loss_coeff", float, (0.0,), "a KL penalty is not implemented (PPO clipping only): 0"),
+    _only("aux_loss_coeff", float, (0.0,), "auxiliary losses are not implemented: 0"),
+    _only("exploration_loss", str, ("entropy",), "only the entropy bonus is implemented (--exploration_loss_coeff)"),
+    _only("optimizer", str, ("adam",), "only Adam is implemented"),
+    _only("lr_schedule", str, ("constant",), "only a constant --learning_rate is implemented"),
+    _only("rnn_num_layers", int, (1,), "the recurrent core has one layer here"),
+    _only("decoder_mlp_layers", int, ([],), "no layers between the core and the heads here", nargs="*"),
+    _only("encoder_type", str, ("conv", "mlp"), "resnet encoders are not implemented; conv or mlp is chosen from "
+          "the observation space (--encoder_conv_architecture, --encoder_mlp_layers)",
+          note="chosen from the observation space here (conv for images, MLP for vectors)"),
+    _only("encoder_custom", _opt_str, (None,), "custom encoders are not implemented"),
+    _only("encoder_extra_fc_layers", int, (1,), "one fully connected layer (--hidden_size) after the conv layers"),
+    _only("use_cpc", str2bool, (False,), "CPC|A is not implemented"),
+    _only("use_spectral_norm", str2bool, (False,), "spectral normalization is not implemented"),
+    _only("experiments_root", _opt_str, (None,), "experiments are train_dir/experiment here: give the subdirectory "
+          "in --train_dir"),
+    _only("record_to", _opt_str, (None,), "recording ViZDoom demos is not implemented; --save_video writes an .mp4",
+          scope="enjoy"),
+    _only("policy_initialization", str, ("orthogonal",), "only orthogonal initialization is implemented"),
+    _only("actor_critic_share_weights", str2bool, (True,), "the actor and the critic share the encoder and core here"),
+    _only("adaptive_stddev", str2bool, (True,), "the Gaussian's log-std is an output of the network here"),
+    _only("eval_env_frameskip", _opt_int, (None,), "enjoy steps the env with the training --env_frameskip",
+          scope="enjoy"),
+    _only("push_to_hub", str2bool, (False,), _HUB, scope="enjoy"),
+    # --- no meaning here: accepted, a line in the log ---
+    _ignored("benchmark", str2bool, "Sample Factory's benchmark mode; see --sampler_only, --random_policy"),
+    _ignored("summaries_use_frameskip", str2bool, "summaries count env frames, frameskip included (Sample "
+             "Factory's default True)"),
+    _ignored("decorrelate_experience_max_seconds", int, _DECORRELATE),
+    _ignored("decorrelate_envs_on_one_worker", str2bool, _DECORRELATE),
+    _ignored("num_batches_to_accumulate", int, _BUFFERS),
+    _ignored("num_minibatches_to_accumulate", int, _BUFFERS),
+    _ignored("traj_buffers_excess_ratio", float, _BUFFERS),
+    _ignored("batched_sampling", str2bool, "a rollout worker steps its envs one by one; the policy workers batch "
+             "inference"),
+    _ignored("shuffle_minibatches", str2bool, "trajectories are always shuffled into minibatches (seeded by --seed)"),
+    _ignored("value_bootstrap", str2bool, "an episode cut by a time limit is always bootstrapped from the value of "
+             "its final observation"),
+    _ignored("lr_schedule_kl_threshold", float, "only for a KL-adaptive --lr_schedule"),
+    _ignored("lr_adaptive_min", float, "only for a KL-adaptive --lr_schedule"),
+    _ignored("lr_adaptive_max", float, "only for a KL-adaptive --lr_schedule"),
+    _ignored("obs_subtract_mean", float, "image observations are scaled to [0, 1] in the encoder; vector "
+             "observations are normalized by --normalize_input"),
+    _ignored("obs_scale", float, "image observations are scaled to [0, 1] in the encoder; vector observations are "
+             "normalized by --normalize_input"),
+    _ignored("normalize_input_keys", str, "--normalize_input applies to every vector observation", nargs="*"),
+    _ignored("actor_worker_gpus", int, "envs run on the CPU here", nargs="*"),
+    _ignored("env_gpu_actions", str2bool, "envs run on the CPU here"),
+    _ignored("env_gpu_observations", str2bool, "envs run on the CPU here"),
+    _ignored("pixel_format", str, "observation layouts are handled by the env integrations"),
+    _ignored("use_record_episode_statistics", str2bool, "episode statistics come from the env integrations"),
+    _ignored("use_env_info_cache", str2bool, "the env is made once at start-up to check the configuration"),
+    _ignored("force_envs_single_thread", str2bool, _INTERNALS),
+    _ignored("default_niceness", int, _INTERNALS),
+    _ignored("train_in_background_thread", str2bool, _INTERNALS),
+    _ignored("learner_main_loop_num_cores", int, _INTERNALS),
+    _ignored("reset_timeout_seconds", int, "a stuck env is found by --stall_timeout_sec"),
+    _ignored("heartbeat_interval", int, "a stuck process is found by --stall_timeout_sec"),
+    _ignored("heartbeat_reporting_interval", int, "a stuck process is found by --stall_timeout_sec"),
+    _ignored("log_to_file", str2bool, "the log always goes to sf_log.txt in the experiment directory"),
+    _ignored("flush_summaries_interval", int, "summaries are flushed as they are written"),
+    _ignored("save_best_every_sec", int, "the best checkpoint is considered at every checkpoint (--save_every_sec)"),
+    _ignored("policy_init_gain", float, "the initialization gains are fixed (orthogonal, sqrt(2) for the encoder)"),
+    _ignored("initial_stddev", float, "the Gaussian's log-std is an output of the network"),
+    _ignored("continuous_tanh_scale", float, "continuous actions are not squashed by tanh here"),
+    _ignored("dmlab_one_task_per_worker", str2bool, "dmlab_30: env i runs level i % 30"),
+    _ignored("dmlab_with_instructions", str2bool, "language instructions are not part of the observation here"),
+    _ignored("dmlab_throughput_benchmark", str2bool, "see --random_policy"),
+    _ignored("dmlab_gpus", int, "--dmlab_renderer chooses the renderer", nargs="*"),
+    _ignored("sample_env_frames", int, "only for Sample Factory's DUMMY_SAMPLER (--algo)"),
+    _ignored("cpc_forward_steps", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
+    _ignored("cpc_time_subsample", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
+    _ignored("cpc_forward_subsample", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
+    _ignored("pbt_mix_policies_in_one_env", str2bool, _NO_PBT),
+    _ignored("pbt_period_env_steps", int, _NO_PBT),
+    _ignored("pbt_start_mutation", int, _NO_PBT),
+    _ignored("pbt_replace_fraction", float, _NO_PBT),
+    _ignored("pbt_mutation_rate", float, _NO_PBT),
+    _ignored("pbt_replace_reward_gap", float, _NO_PBT),
+    _ignored("pbt_replace_reward_gap_absolute", float, _NO_PBT),
+    _ignored("pbt_optimize_batch_size", str2bool, _NO_PBT),
+    _ignored("pbt_optimize_gamma", str2bool, _NO_PBT),
+    _ignored("pbt_target_objective", str, _NO_PBT),
+    _ignored("pbt_perturb_min", float, _NO_PBT),
+    _ignored("pbt_perturb_max", float, _NO_PBT),
+    _ignored("hf_repository", _opt_str, _HUB, scope="enjoy"),
+    _ignored("train_script", _opt_str, _HUB, scope="enjoy"),
+    _ignored("enjoy_script", _opt_str, _HUB, scope="enjoy"),
+]
+_SF_DEST = "_sf_flag:"  # argparse destination prefix of Sample Factory's flags (kept apart from the parameters)
+# Values of our parameters under Sample Factory's spelling.
+_SF_VALUES: dict[str, dict[str, str]] = {"device": {"gpu": "cuda"}}
+
+
+def _sf_shown(v: Any) -> str:
+    if isinstance(v, list):
+        return " ".join(map(str, v)) if v else "(no value)"
+    return str(v)
+
+
+def check_sf_flags(given: dict[str, Any]) -> list[str]:
+    """Sample Factory's flags given on the command line (`given`: its name -> the raw value), see SFFlag: values that
+    select something not implemented raise one ConfigError (one line naming each refused flag and what is supported);
+    returns the lines for the run log (accepted flags without meaning here). Aliases: `apply_sf_aliases`."""
+    notes, refused, ignored = [], [], {}
+    for f in SF_FLAGS:
+        if f.name not in given or f.kind == "alias":
+            continue
+        try:
+            v = convert(Param(f.name, f.type, None, f.why, nargs=f.nargs), given[f.name])
+        except _Bad as e:
+            raise ConfigError(_message(f"--{f.name}", str(e))) from None
+        if f.kind == "ignored":
+            ignored.setdefault(f.why, []).append(f"--{f.name} {_sf_shown(v)}")
+        elif v not in f.ok:
+            refused.append(f"--{f.name} {_sf_shown(v)}: {f.why}")
+        elif f.note:
+            notes.append(f"--{f.name} {_sf_shown(v)}: {f.note}")
+    if refused:
+        raise ConfigError("; ".join(refused))
+    return notes + [f"{', '.join(flags)}: ignored; {why}" for why, flags in ignored.items()]
+
+
+def apply_sf_aliases(given: dict[str, Any], explicit: dict[str, Any], params: dict[str, Param]) -> None:
+    """Put the value of each alias in `given` (see SFFlag) into `explicit` under its target's name, checked as the
+    target's value (errors name the alias). Given with the target's own flag too, they must agree: else one line."""
+    for f in SF_FLAGS:
+        if f.name not in given or f.kind != "alias":
+            continue
+        flag = f"--{f.name}"
+        try:
+            v = given[f.name]
+            if f.value is not None:
+                v = f.value(convert(Param(f.name, f.type, None, f.why, nargs=f.nargs), v))
+            if v is _KEEP:
+                continue
+            v = convert(params[f.target], v)
+        except _Bad as e:
+            raise ConfigError(_message(flag, str(e))) from None
+        if f.target not in explicit:
+            explicit[f.target] = v
+        elif not (f.agrees(v, explicit[f.target]) if f.agrees else v == explicit[f.target]):
+            raise ConfigError(f"{flag} {_sf_shown(given[f.name])} conflicts with --{f.target} "
+                              f"{_sf_shown(explicit[f.target])}: {flag} is Sample Factory's name for --{f.target}"
+                              f"{f' ({f.why})' if f.why else ''}; give one of them")
+
+
+def _sf_help(f: SFFlag) -> str:
+    if f.kind == "alias":
+        text = f"Sample Factory's name for --{f.target}{f' ({f.why})' if f.why else ''}"
+    elif f.kind == "only":
+        text = f"Accepted: {', '.join(_sf_shown(x) for x in f.ok)}; anything else is refused: {f.why}"
+    else:
+        text = f"Accepted and ignored, with a line in the log: {f.why}"
+    return text.replace("%", "%%")
 
 
 def all_params() -> list[Param]:
@@ -437,7 +730,7 @@ def convert(p: Param, raw: Any) -> Any:
     kind, optional = _kind(p)
     if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() == "none")):
         return None
-    if p.nargs == "+":
+    if p.nargs in ("+", "*"):
         if not isinstance(raw, list):
             raise _Bad(f"expected a list of {'integers' if kind == 'int' else 'values'}, got {_show(raw)}")
         value = [_convert_one(p, kind, x) for x in raw]
@@ -454,11 +747,12 @@ def check_value(p: Param, value: Any) -> None:
         if optional:
             return
         raise _Bad(f"expected {_EXPECTED.get(kind, 'a value')}, got None")
-    if p.nargs == "+":
+    if p.nargs in ("+", "*"):
         if not isinstance(value, list):
             raise _Bad(f"expected a list, got {_show(value)}")
-        if not 1 <= len(value) <= LIST_MAX_LEN:
-            raise _Bad(f"must have 1 to {LIST_MAX_LEN} entries (got {len(value)})")
+        least = 0 if p.nargs == "*" else 1
+        if not least <= len(value) <= LIST_MAX_LEN:
+            raise _Bad(f"must have {least} to {LIST_MAX_LEN} entries (got {len(value)})")
         items = value
     else:
         items = [value]
@@ -475,7 +769,7 @@ def check_value(p: Param, value: Any) -> None:
         raise _Bad(f"must be one of {', '.join(map(str, p.choices))} (got {_show(value)})")
     if kind in ("int", "float"):
         rng = range_text(p)
-        entries = "entries " if p.nargs == "+" else ""
+        entries = "entries " if p.nargs in ("+", "*") else ""
         none = " or None" if optional else ""
         for x in items:
             if isinstance(x, float) and not math.isfinite(x):
@@ -561,6 +855,20 @@ def build_parser(mode: str, prog: str) -> argparse.ArgumentParser:
         elif p.nargs:
             kwargs["nargs"] = p.nargs
         parser.add_argument(f"--{p.name}", **kwargs)
+    shown = {p.name for p in all_params() if p.scope in ("all", mode)}
+    group = parser.add_argument_group(
+        "Sample Factory's flags", "accepted so that Sample Factory's documented command lines run as written: "
+        "aliases (stored under our name), flags selecting something not implemented (only what we do is accepted) "
+        "and flags without meaning here (ignored, with a line in the log)")
+    for f in SF_FLAGS:
+        if (f.target not in shown) if f.kind == "alias" else f.scope not in ("all", mode):
+            continue
+        kwargs = dict(type=str, help=_sf_help(f), dest=_SF_DEST + f.name, metavar=f.name.upper())
+        if f.nargs == "?":
+            kwargs.update(nargs="?", const="True")
+        elif f.nargs:
+            kwargs["nargs"] = f.nargs
+        group.add_argument(f"--{f.name}", **kwargs)
     return parser
 
 
@@ -612,10 +920,16 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
     Reads the preset and the saved config.json; writes nothing."""
     parser = build_parser(mode, prog)
     raw = vars(parser.parse_args(argv))
+    sf_given = {k[len(_SF_DEST):]: raw.pop(k) for k in list(raw) if k.startswith(_SF_DEST)}
     if not raw.get("env"):
         raise ConfigError("--env is required, e.g. --env doom_basic (see --help)")
+    notes = check_sf_flags(sf_given)  # first: a run Sample Factory's flags ask for that is not implemented here
     params = {p.name: p for p in all_params()}
+    for k, spelling in _SF_VALUES.items():  # e.g. Sample Factory's --device gpu
+        if isinstance(raw.get(k), str) and raw[k] in spelling:
+            raw[k] = spelling[raw[k]]
     explicit = {k: _from_cli(params[k], v) for k, v in raw.items()}
+    apply_sf_aliases(sf_given, explicit, params)
 
     from sf_envs.registry import env_spec  # the registry raises a one-line error with close matches
     try:
@@ -646,7 +960,6 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
         for k, v in saved.items():  # keys that are not parameters (other versions) are ignored
             if k in params and k not in _NOT_RESUMED and k not in explicit and params[k].scope != "enjoy":
                 values[k] = _from_file(str(saved_path), k, params[k], v)
-    notes = []
     envs_given = "num_envs_per_worker" in explicit or (has_saved and "num_envs_per_worker" in saved)
     if mode == "train" and not envs_given:
         envs = scale_envs_per_worker(values["num_envs_per_worker"], values["num_workers"], values["worker_num_splits"])

@@ -386,7 +386,7 @@ VALUE_CASES = [
     ("use_rnn-maybe", ["--use_rnn", "maybe"], ["--use_rnn: expected True or False, got 'maybe'"]),
     ("restart_behavior-bogus", ["--restart_behavior", "bogus"],
      ["--restart_behavior must be one of resume, restart, overwrite (got 'bogus')"]),
-    ("device-gpu", ["--device", "gpu"], ["--device must be one of auto, cpu, cuda (got 'gpu')"]),
+    ("device-tpu", ["--device", "tpu"], ["--device must be one of auto, cpu, cuda (got 'tpu')"]),  # (gpu: Sample Factory's cuda)
     # cross-parameter rules
     ("envs-not-divisible", ["--num_envs_per_worker", "3"],
      ["--num_envs_per_worker (3) must be divisible by --worker_num_splits (2)"]),

@@ -29,9 +29,10 @@ from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_c
 from sf.ipc import Queue
 from sf.learning.learner import Learner, checkpoint_meta, run_learner
 from sf.model.actor_critic import create_actor_critic
+from sf.runner import tracking
 from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible
 from sf.runner.shared_state import ENV_STEPS, FINISHED, SharedState
-from sf.runner.stats import RunStats
+from sf.runner.stats import RunStats, format_duration, progress_bar
 from sf.runner.supervision import (LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, become_subreaper, child_main, kill_adopted,
                                    kill_tree, read_stack, worker_context)
 from sf.sampling.policy_worker import PolicyWorker, run_policy_worker
@@ -213,6 +214,7 @@ class Runner:
         """Checks only: the env runs, the model fits the checkpoint to resume, the run fits in memory. Nothing is
         written or allocated here (build() does that when the run starts)."""
         self.cfg, self.exp_dir = cfg, experiment_dir(cfg)
+        tracking.check(cfg)  # --with_wandb: wandb imports
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space, env_bytes, self.env_modules = probe_env(cfg)
@@ -413,6 +415,7 @@ class Runner:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.time()
         try:
+            self.stats.tracker = tracking.start(self.cfg, self.exp_dir)  # W&B (--with_wandb); before the processes
             if self.cfg.serial_mode:
                 try:
                     self.run_serial(start)
@@ -434,9 +437,13 @@ class Runner:
             self._log_progress(start)  # a final report line, however short the run
             self.stats.write_summaries()
             self.stats.close()
+            if self.stats.tracker is not None:
+                self.stats.tracker.finish(self.exit_code)
             self.close_queues()
-        log.info("Done: %d env frames, policy version %d. Checkpoints: %s; TensorBoard: tensorboard --logdir %s",
-                 int(self.state.learner[ENV_STEPS]), self.stats.version, self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
+        frames, wall = int(self.state.learner[ENV_STEPS]), time.time() - start
+        log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. Checkpoints: %s; TensorBoard: "
+                 "tensorboard --logdir %s", frames, format_duration(wall), (frames - self.stats.start_frames) / max(wall, 1e-9),
+                 self.stats.version, self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
         return self.exit_code
 
     def supervise(self, start: float) -> None:
@@ -467,15 +474,10 @@ class Runner:
 
     def _log_progress(self, start: float) -> None:
         """The report line, with a progress bar and ETA toward whichever budget is closer to its end."""
-        line = self.stats.report_line()
-        cfg, elapsed = self.cfg, time.time() - start
-        steps, first = int(self.state.learner[ENV_STEPS]), self.stats.start_frames  # a resumed run starts at `first`
-        done = max((steps - first) / max(cfg.train_for_env_steps - first, 1), elapsed / cfg.train_for_seconds)
-        if done >= 0.01:  # earlier, the rate (start-up included) says nothing yet
-            eta = elapsed * max(1 - done, 0) / done
-            filled = int(20 * min(done, 1))
-            line += f" [{'#' * filled}{'.' * (20 - filled)}] {100 * min(done, 1):.0f}% ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
-        log.info(line)
+        first = self.stats.start_frames  # a resumed run counts from where it started
+        log.info("%s%s", self.stats.report_line(), progress_bar(int(self.state.learner[ENV_STEPS]) - first,
+                                                                self.cfg.train_for_env_steps - first,
+                                                                time.time() - start, self.cfg.train_for_seconds))
 
     def stop_processes(self) -> None:
         """Ask everyone to stop, let the learner write its final checkpoint, then reap every process."""

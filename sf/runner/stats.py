@@ -7,6 +7,7 @@ TensorBoard tags follow Sample Factory's habits (one writer per policy, under tr
     train/policy_lag_{min,avg,max} (SGD steps), train/masked_fraction, train/policy_version
     train/policy_lag_batches (hts/ppo modes: one point per training batch, the lag measured on its data)
     memory/rss_mb_{runner,rollout_workers,policy_workers,learner}
+With --with_wandb, the same scalars go to Weights & Biases as well (sf/runner/tracking.py, `tracker`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 FPS_WINDOWS = (10, 60, 300)
 TRAIN_KEYS = ("policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm",
@@ -38,6 +40,7 @@ class RunStats:
         self.memory: dict[str, float] = {}
         self._writer = None
         self.exp_dir = exp_dir
+        self.tracker = None  # a tracking.WandbTracker (--with_wandb): receives what goes to TensorBoard
 
     @property
     def writer(self):
@@ -126,11 +129,13 @@ class RunStats:
             self.train_stats = []
         for k, v in self.memory.items():
             scalars[f"memory/rss_mb_{k}"] = v
+        scalars = {tag: v for tag, v in scalars.items() if v == v}  # skip NaN (no data yet)
         for tag, v in scalars.items():
-            if v == v:  # skip NaN (no data yet)
-                w.add_scalar(tag, v, step)
+            w.add_scalar(tag, v, step)
         for v in self.lag_batches_unwritten:  # one point per training batch: the mode's guarantee, batch by batch
             w.add_scalar("train/policy_lag_batches", v, step)
+        if self.tracker is not None:  # W&B: the same points (never blocks: a queue drained by its own thread)
+            self.tracker.log(scalars, step, {"train/policy_lag_batches": self.lag_batches_unwritten})
         self.lag_batches_unwritten = []
 
     def close(self, timeout: float = 5.0) -> None:
@@ -140,6 +145,28 @@ class RunStats:
             closer = threading.Thread(target=self._writer.close, name="tensorboard_close", daemon=True)
             closer.start()
             closer.join(timeout)
+
+
+def progress_bar(frames: int, frames_total: int, elapsed: float, seconds_total: float) -> str:
+    """The console's progress bar and ETA (rendered by tqdm) toward whichever budget is closer to its end: `frames` of
+    `frames_total` env frames (both counted from where this run started), or `elapsed` of `seconds_total` seconds;
+    e.g. ' |##########..........| 50% 200k/400k frames, ETA 01:40'. Empty before 1%: the rate says nothing yet."""
+    frames_total = max(frames_total, 1)
+    by_frames = frames / frames_total >= elapsed / seconds_total
+    n, total = (frames, frames_total) if by_frames else (elapsed, seconds_total)
+    if n / total < 0.01:
+        return ""
+    amount = "{n_fmt}/{total_fmt} frames" if by_frames else "{elapsed}/" + tqdm.format_interval(total)
+    # the ETA is tqdm's: what is left at the average rate so far, (total - n) * elapsed / n
+    return " " + tqdm.format_meter(min(n, total), total, elapsed, ascii=".#", unit_scale=by_frames,
+                                   bar_format="|{bar:20}| {percentage:.0f}% " + amount + ", ETA {remaining}")
+
+
+def format_duration(seconds: float) -> str:
+    """'45 s', '6 min 12 s', '2 h 05 min 09 s'."""
+    m, s = divmod(int(round(max(seconds, 0.0))), 60)
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min {s:02d} s" if h else f"{m} min {s} s" if m else f"{s} s"
 
 
 def read_event_scalars(exp_dir: Path) -> dict[str, list[tuple[int, float]]]:
