@@ -264,6 +264,8 @@ class VideoWriter:
 def run_enjoy(cfg) -> int:
     import torch
     from sf_envs.registry import env_spec
+    for note in getattr(cfg, "_notes", []):  # e.g. Sample Factory flags that mean nothing here
+        print(note)
     device = torch.device(resolve_device(cfg))
     spec = env_spec(cfg.env, cfg)
     _check_experiment_dir(cfg)

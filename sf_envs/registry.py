@@ -156,7 +156,7 @@ def _gym_spec(name: str) -> EnvSpec:
 
 # --- public API -------------------------------------------------------------------------------------
 _ALIASES = {"atari_montezuma": "atari_montezuma_revenge", "atari_asteroid": "atari_asteroids",
-            "atari_kongfumaster": "atari_kung_fu_master"}  # Sample Factory's Atari names that differ in more than '_'
+            "atari_kongfumaster": "atari_kung_fu_master", "atari_privateye": "atari_private_eye"}  # Sample Factory's Atari names that differ in more than '_'
 
 
 def _lookup(name: str) -> Optional[EnvSpec]:

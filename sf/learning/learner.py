@@ -66,7 +66,7 @@ class Learner:
             self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
         self.version, self.env_steps = 0, 0
         self.pending: list[int] = []
-        self.last_save = time.time()
+        self.last_save = self.last_milestone = time.time()
         self._load_checkpoint()
         self.state.learner[ENV_STEPS] = self.env_steps
         self.sync_batch = 0  # hts/ppo: the rollout interval whose batch comes next
@@ -93,6 +93,9 @@ class Learner:
         state = make_checkpoint_state(self.model, self.appo.optimizer, self.version, self.env_steps, self.meta,
                                       extra={"minibatch_rng": self.appo.generator.get_state()})
         path = self.checkpoints.save(state, self.version, self.env_steps)
+        if 0 < self.cfg.save_milestones_sec <= time.time() - self.last_milestone:
+            self.checkpoints.save_milestone(path)
+            self.last_milestone = time.time()
         metric, episodes = float(self.state.best_metric[0]), int(self.state.best_metric[1])
         if episodes > 0 and self.env_steps >= self.cfg.save_best_after:
             self.checkpoints.save_best(state, self.version, self.env_steps, metric)

@@ -39,6 +39,7 @@ import math
 import os
 import random
 import re
+import shutil
 import stat
 import uuid
 from pathlib import Path
@@ -610,6 +611,29 @@ class CheckpointManager:
         self._remember(path, _Info(version, steps))
         self._prune(path)
         return path
+
+    def save_milestone(self, path: Path) -> Path:
+        """Keep a copy of the regular checkpoint `path` in milestones/ (never pruned: Sample Factory's
+        --save_milestones_sec). A hard link when the filesystem allows it, else a copy written atomically. An I/O
+        failure raises CheckpointError (one line); the regular checkpoints are untouched."""
+        milestones = self.dir / "milestones"
+        final = milestones / path.name
+        try:
+            milestones.mkdir(exist_ok=True)
+            try:
+                os.link(path, final)
+            except FileExistsError:
+                pass
+            except OSError:  # no hard links here (another filesystem's rules): a copy, atomically
+                tmp = final.with_name(f"{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+                shutil.copyfile(path, tmp)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            _fsync_dir(milestones)
+        except OSError as e:
+            raise CheckpointError(f"cannot write milestone checkpoint {final}: {_os_reason(e)}") from None
+        return final
 
     def _prune(self, path: Path) -> None:
         """Keep `path` and the newest verified others up to keep_checkpoints; delete only verified files.

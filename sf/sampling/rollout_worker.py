@@ -52,6 +52,9 @@ class RolloutWorker:
         self.group_size = self.num_envs // cfg.worker_num_splits
         self.frameskip = env_spec(cfg.env, cfg).frameskip
         self.T = cfg.rollout
+        # training rewards: scaled and clipped (Sample Factory's --reward_scale, --reward_clip); episode statistics,
+        # from the env's info["episode"], stay in the env's own units
+        self.reward_scale, self.reward_clip = getattr(cfg, "reward_scale", 1.0), getattr(cfg, "reward_clip", float("inf"))
         # numpy views of the shared tensors: the env-step loop is plain numpy, no torch dispatch per step.
         self.obs_np = {k: v.numpy() for k, v in buffers.obs.items()}
         self.actions_np = buffers.actions.numpy()
@@ -217,7 +220,7 @@ class RolloutWorker:
                     obs, _ = self.envs[e].reset()
             except Exception as ex:
                 obs, reward, done, cut = self._replace_env(e, ex), 0.0, True, False
-            self.rewards_np[slot, t] = reward
+            self.rewards_np[slot, t] = min(max(reward * self.reward_scale, -self.reward_clip), self.reward_clip)
             self.dones_np[slot, t] = float(done)
             self.truncated_np[slot, t] = float(cut)
             t += 1

@@ -153,6 +153,23 @@ def test_pruning_keeps_n_latest_in_numeric_order(tmp_path):
     assert mgr.load()["policy_version"] == 11
 
 
+def test_milestones_are_never_pruned(tmp_path):
+    """--save_milestones_sec: a copy in milestones/ outlives pruning and restarts, loads, and is not a candidate for
+    latest (a resumed run still continues from the newest regular checkpoint)."""
+    mgr = CheckpointManager(tmp_path, keep_checkpoints=1)
+    for version in (1, 2, 3):
+        path = mgr.save(small_state(version, version * 100), version, version * 100)
+        if version < 3:
+            assert mgr.save_milestone(path) == mgr.dir / "milestones" / path.name
+    assert names(mgr.latest()) == ["checkpoint_000000003_300.pth"]
+    kept = sorted(p.name for p in (mgr.dir / "milestones").iterdir())
+    assert kept == ["checkpoint_000000001_100.pth", "checkpoint_000000002_200.pth"]
+    again = CheckpointManager(tmp_path, keep_checkpoints=1)
+    again.save(small_state(4, 400), 4, 400)
+    assert len(list((mgr.dir / "milestones").iterdir())) == 2 and again.load()["policy_version"] == 4
+    assert torch.load(mgr.dir / "milestones" / kept[0], weights_only=True)["policy_version"] == 1
+
+
 def test_just_saved_checkpoint_is_never_pruned(tmp_path):
     # a newer-named file (e.g. a corrupted one load skipped) must not push out the resumed run's progress
     mgr = CheckpointManager(tmp_path, keep_checkpoints=1)

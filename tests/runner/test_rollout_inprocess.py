@@ -161,3 +161,23 @@ def test_learner_refuses_a_batch_of_other_policy_versions(tmp_path):
         learner.run_once(timeout=1.0)
     for q in vars(queues).values():
         q.close()
+
+
+def test_reward_scale_and_clip_apply_to_training_rewards_only(tmp_path):
+    """--reward_scale 3 --reward_clip 0.02 on test_corridor (-0.01 per step, +1 at the goal): stored rewards are
+    -0.02 or 0.02; the episode reports keep the env's own returns."""
+    run = Run(tmp_path, "--reward_scale", "3", "--reward_clip", "0.02", envs=4, rollout=8)
+    try:
+        seen = set()
+        for _ in range(300):
+            run.step()
+            for slot in run.finished_slots():
+                seen |= set(run.buffers.rewards[slot].tolist())
+                run.queues.free.put(slot)
+            if run.worker.episodes:
+                break
+        assert seen and seen <= {float(np.float32(-0.02)), float(np.float32(0.02))}, seen
+        episode = run.worker.episodes[0]
+        assert episode["reward"] < -0.05 or episode["reward"] > 0.5  # (50 steps x -0.01, or reaching the goal)
+    finally:
+        run.close()
