@@ -82,7 +82,7 @@ def worker(idx: int, args, start_evt, result_q, pin: bool) -> None:
 def measure(args, num_workers: int) -> dict:
     """Start `num_workers` processes, let each make and warm up its envs, measure one common window. Raises
     RuntimeError naming the worker when one fails or does not report in time (an env stuck in its engine)."""
-    from sf.runner.supervision import kill_tree
+    from sf.processes.control import kill_tree
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     start_evt, result_q = ctx.Event(), ctx.Queue()
     pin = args.affinity and num_workers <= (os.cpu_count() or 1)

@@ -931,7 +931,10 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
     explicit = {k: _from_cli(params[k], v) for k, v in raw.items()}
     apply_sf_aliases(sf_given, explicit, params)
 
-    from sf_envs.registry import env_spec  # the registry raises a one-line error with close matches
+    try:  # the env integrations are a package of their own, which the core does not need to import
+        from sf_envs.registry import env_spec  # (it raises a one-line error with close matches)
+    except ImportError as e:
+        raise ConfigError(f"--env {explicit['env']}: the env integrations (package sf_envs) cannot be imported: {e}") from None
     try:
         spec = env_spec(explicit["env"])
     except ValueError as e:

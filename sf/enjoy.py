@@ -38,7 +38,7 @@ def load_policy(cfg, obs_space, action_space, device):
     """Model with the requested checkpoint's weights; one-line ConfigError for every user-side problem."""
     from sf.learning.learner import checkpoint_meta
     from sf.model.actor_critic import create_actor_critic
-    from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible, load_into
+    from sf.learning.checkpoint import CheckpointError, CheckpointManager, check_compatible, load_into
     exp_dir = _check_experiment_dir(cfg)
     model = create_actor_critic(cfg, obs_space, action_space).to(device).eval()
     try:

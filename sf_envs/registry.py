@@ -23,7 +23,7 @@ from sf_envs.errors import EnvUnavailableError, UnknownEnvError
 from sf_envs.params import get_param
 
 __all__ = ["EnvSpec", "UnknownEnvError", "EnvUnavailableError", "env_spec", "env_names", "make_env", "register_env",
-           "unregister_env", "check_env_available"]
+           "unregister_env", "check_env_available", "process_leftover_files", "register_leftover_files"]
 
 FAMILIES_WITH_FRAMESKIP = ("doom", "atari", "dmlab")
 
@@ -238,5 +238,23 @@ def make_env(cfg, env_index: int = 0, render_mode: Optional[str] = None) -> gym.
     return env
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+# --- what a killed env process leaves behind ----------------------------------------------------------------------
+def _doom_leftovers(cmdline: list[str]) -> list[Path]:
+    from sf_envs.doom.engine_shm import engine_shm_files  # (no vizdoom import)
+    return engine_shm_files(cmdline)
+
+
+_LEFTOVER_HOOKS: list[Callable[[list[str]], list[Path]]] = [_doom_leftovers]
+
+
+def register_leftover_files(hook: Callable[[list[str]], list[Path]]) -> None:
+    """For envs that start processes of their own: `hook(cmdline) -> files` names the files such a process leaves
+    behind when it is killed instead of closed (its shared memory); whoever kills it removes them."""
+    if hook not in _LEFTOVER_HOOKS:
+        _LEFTOVER_HOOKS.append(hook)
+
+
+def process_leftover_files(cmdline: list[str]) -> list[Path]:
+    """The files a killed env process of this command line leaves behind ([] for any other process): for the training
+    system's process control (sf.processes.control.add_leftover_hook), which knows no env."""
+    return [f for hook in _LEFTOVER_HOOKS for f in hook(cmdline)]

@@ -545,7 +545,7 @@ def test_saved_config_is_a_directory(world, tmp_path, script):
 
 @pytest.mark.parametrize("script", ["train.py"])
 def test_garbage_checkpoint(world, tmp_path, script):
-    """A latest checkpoint that is not one: refused in one line (exit 2). By design (sf/runner/checkpoint.py) the file
+    """A latest checkpoint that is not one: refused in one line (exit 2). By design (sf/learning/checkpoint.py) the file
     is moved into checkpoint_p0/rejected/ -- its bytes are kept, nothing is deleted."""
     td = tmp_path / "td"
     shutil.copytree(world.exp, td / "exp", symlinks=True)
@@ -715,7 +715,7 @@ def test_path_too_long(world, tmp_path, script, flags, expect):
     assert_unchanged(before, tmp_path, res)  # nothing was created on the way
 
 
-CRASH_LINE = ["learner crashed: sf.runner.checkpoint.CheckpointError: cannot write checkpoint ",
+CRASH_LINE = ["learner crashed: sf.learning.checkpoint.CheckpointError: cannot write checkpoint ",
               "No space left on device (traceback in "]
 
 

@@ -28,12 +28,11 @@ import time
 import torch
 
 from sf.learning.appo import APPO
+from sf.learning.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
+                                    restore_rng_states, weights_sha256)
 from sf.model.actor_critic import create_actor_critic
-from sf.runner.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
-                                  restore_rng_states, weights_sha256)
-from sf.runner.shared_state import ENV_STEPS, FINISHED, VERSION
+from sf.processes.shared_state import ENV_STEPS, FINISHED, VERSION
 from sf.seeding import MODEL, deterministic_kernels, run_seed, stream_seed
-from sf_envs.registry import env_spec
 
 log = logging.getLogger("sf.learner")
 
@@ -45,7 +44,9 @@ def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
 
 
 class Learner:
-    def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir):
+    def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
+                 frameskip: int):
+        """frameskip: env frames per env step (the env's spec: the learner counts frames, it knows no env)."""
         self.cfg, self.buffers, self.q = cfg, buffers, queues
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
         self.heartbeat = shared_state.heartbeat_slot("learner")
@@ -57,7 +58,7 @@ class Learner:
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=0, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric)
-        self.frames_per_traj = cfg.rollout * env_spec(cfg.env, cfg).frameskip
+        self.frames_per_traj = cfg.rollout * frameskip
         self.sync = cfg.sync_mode if getattr(cfg, "sync_mode", "async") != "async" else None
         self.num_envs = cfg.num_workers * cfg.num_envs_per_worker
         if self.sync:
@@ -204,7 +205,7 @@ class Learner:
 
     def run_sync(self) -> None:
         """hts/ppo in process mode: batches in interval order, no batcher thread (nothing to overlap with)."""
-        from sf.runner.supervision import runner_alive
+        from sf.processes.control import runner_alive
         while not self.state.stopping() and runner_alive() and not self.budget_done:
             self.state.beat(self.heartbeat)
             self.run_once(timeout=0.1)
@@ -232,7 +233,7 @@ class Learner:
 
         thread = threading.Thread(target=batcher, name="batcher", daemon=True)
         thread.start()
-        from sf.runner.supervision import runner_alive
+        from sf.processes.control import runner_alive
         try:
             while not self.state.stopping() and runner_alive():
                 self.state.beat(self.heartbeat)
@@ -251,9 +252,11 @@ class Learner:
         self.state.learner[FINISHED] = 1.0
 
 
-def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir) -> None:
+def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
+                frameskip) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle."""
-    from sf.runner.supervision import limit_threads
+    from sf.processes.control import limit_threads
     limit_threads(cfg.learner_torch_threads or os.cpu_count() or 1)
-    learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir)
+    learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
+                      frameskip)
     learner.run()

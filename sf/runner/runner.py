@@ -27,17 +27,17 @@ from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers, shm_available_bytes, shm_used_bytes
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
 from sf.ipc import Queue
+from sf.learning.checkpoint import CheckpointError, CheckpointManager, check_compatible
 from sf.learning.learner import Learner, checkpoint_meta, run_learner
 from sf.model.actor_critic import create_actor_critic
+from sf.processes.control import add_leftover_hook, become_subreaper, kill_tree
+from sf.processes.shared_state import ENV_STEPS, FINISHED, SharedState
 from sf.runner import tracking
-from sf.runner.checkpoint import CheckpointError, CheckpointManager, check_compatible
-from sf.runner.shared_state import ENV_STEPS, FINISHED, SharedState
 from sf.runner.stats import RunStats, format_duration, progress_bar
-from sf.runner.supervision import (LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, become_subreaper, child_main, kill_adopted,
-                                   kill_tree, read_stack, worker_context)
+from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, child_main, kill_adopted, read_stack, worker_context
 from sf.sampling.policy_worker import PolicyWorker, run_policy_worker
 from sf.sampling.rollout_worker import RolloutWorker, run_rollout_worker
-from sf_envs.registry import env_spec, make_env
+from sf_envs.registry import env_spec, make_env, process_leftover_files
 
 log = logging.getLogger("sf")
 MODE_LINES = {
@@ -215,6 +215,7 @@ class Runner:
         written or allocated here (build() does that when the run starts)."""
         self.cfg, self.exp_dir = cfg, experiment_dir(cfg)
         tracking.check(cfg)  # --with_wandb: wandb imports
+        add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space, env_bytes, self.env_modules = probe_env(cfg)
@@ -302,7 +303,7 @@ class Runner:
         self.context = worker_context(self.env_modules)
         self.own_children = {c.pid for c in psutil.Process().children()}  # the fork server and multiprocessing's helpers
         self._start("learner", run_learner, cfg, self.obs_space, self.action_space, b, q, self.shared_weights, st,
-                    self.device, self.exp_dir)
+                    self.device, self.exp_dir, self.spec.frameskip)
         for i in range(cfg.policy_workers_per_policy):
             self._start(f"policy_worker_{i}", run_policy_worker, cfg, i, self.obs_space, self.action_space, b,
                         self.env_slots, q, self.shared_weights, st, self.device)
@@ -408,6 +409,11 @@ class Runner:
                 or time.time() - start >= self.cfg.train_for_seconds)
 
     def run(self) -> int:
+        """The run, in the order of the data flow (docs/architecture.md): build() allocates what the stages share
+        (trajectory buffers, weights, queues); start_processes() starts the learner (batches -> weights), the policy
+        workers (observations -> actions) and the rollout workers (actions -> env steps -> trajectories); supervise()
+        watches them until the budget, a signal or a failure; stop_processes() ends them, the learner's final
+        checkpoint first. Returns the exit code."""
         try:
             self.build()
         except (OSError, RuntimeError) as e:  # /dev/shm or memory exhausted by something else meanwhile
@@ -506,7 +512,7 @@ class Runner:
         a rollout worker that finds no free slot runs the learner (which frees them) instead of waiting for it."""
         cfg = self.cfg
         learner = Learner(cfg, self.obs_space, self.action_space, self.buffers, self.queues, self.shared_weights,
-                          self.state, self.device, self.exp_dir)
+                          self.state, self.device, self.exp_dir, self.spec.frameskip)
         self.stats.start_frames = learner.env_steps
         policy = PolicyWorker(cfg, self.obs_space, self.action_space, self.buffers, self.env_slots, self.queues,
                               self.shared_weights, self.device)

@@ -170,18 +170,8 @@ def format_duration(seconds: float) -> str:
 
 
 def read_event_scalars(exp_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """tag -> [(step, value)] from the TensorBoard event files in exp_dir (for tests and benchmark scripts)."""
-    import struct
+    """tag -> [(step, value)] from the TensorBoard event files in exp_dir, in file order (for tests and benchmark
+    scripts). Read with TensorBoard's own reader: sf.plot.read_scalar_events, less the wall times."""
+    from sf.plot import read_scalar_events  # imported here: tensorboard is needed only to read, not to train
 
-    from tensorboardX.proto import event_pb2
-    scalars: dict[str, list] = {}
-    for f in sorted(Path(exp_dir).glob("events.out.tfevents.*")):
-        data, pos = f.read_bytes(), 0
-        while pos + 12 <= len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = event_pb2.Event()
-            event.ParseFromString(data[pos + 12:pos + 12 + length])
-            pos += 16 + length
-            for v in event.summary.value:
-                scalars.setdefault(v.tag, []).append((event.step, v.simple_value))
-    return scalars
+    return {tag: [(step, value) for step, _, value in points] for tag, points in read_scalar_events(exp_dir).items()}

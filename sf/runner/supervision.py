@@ -1,4 +1,5 @@
-"""Per-process set-up and crash reporting for the workers the runner starts.
+"""Per-process set-up and crash reporting for the workers the runner starts (process control itself, shared with the
+workers, is sf/processes/control.py).
 
 Every child: ignores SIGINT (the runner owns Ctrl-C and stops children in order), dies with its parent
 (PR_SET_PDEATHSIG, plus a parent-pid check in the loops), sets its own thread counts and CPU affinity,
@@ -11,7 +12,6 @@ A child that is stuck (alive, but in a call that never returns) is found by the 
 """
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import logging
 import os
@@ -23,38 +23,13 @@ import traceback
 
 import psutil
 
-from sf_envs.doom.engine_shm import engine_shm_files
+from sf.processes.control import ParentDied, _raise_parent_died, die_with_parent, kill_processes, set_parent
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 LOG_FORMAT = "[%(asctime)s][%(process)d][%(levelname)s] %(message)s"
 LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
 STACK_SIGNAL = signal.SIGUSR1
 TRACE_LOG = "sf.trace"  # logger of crash tracebacks: the log file only (the console gets one line per crash)
 _stack_file = None  # this process's stack-dump file (kept open: faulthandler writes to its descriptor)
-_parent_pid = None  # this child's parent when it started (child_main)
-
-
-class ParentDied(BaseException):
-    """Raised in a worker's main thread when the runner died, to unwind through its `finally` blocks."""
-
-
-def _prctl(option: int, arg: int) -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
-    except OSError:  # not Linux: the parent-pid checks in the loops still apply
-        pass
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send `sig` to this process when its parent dies, so no orphan keeps shared memory."""
-    _prctl(PR_SET_PDEATHSIG, int(sig))
-
-
-def become_subreaper() -> None:
-    """The runner adopts the orphans of its descendants (the engines of a worker that was SIGKILLed) instead of init,
-    so that kill_adopted() can end them."""
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def kill_adopted(own_children: set) -> None:
@@ -64,78 +39,6 @@ def kill_adopted(own_children: set) -> None:
     except psutil.Error:
         return
     kill_processes([child for child in children if child.pid not in own_children])
-
-
-def kill_processes(processes: list) -> None:
-    """SIGKILL psutil processes; for the env engines among them, also remove their shared-memory files once they are
-    dead: the engine's host removes those when it closes the game, which a host that was (or is about to be) killed
-    never does."""
-    files = []
-    for p in processes:
-        try:
-            files += engine_shm_files(p.cmdline())
-        except psutil.Error:  # gone already, or unreadable: it is still killed below if it can be
-            pass
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    if files:
-        _wait_dead(processes, timeout=5.0)
-        for f in files:
-            try:
-                f.unlink(missing_ok=True)
-            except OSError:
-                pass
-
-
-def _wait_dead(processes: list, timeout: float) -> None:
-    """Wait until each process is gone or a zombie (dead, not yet reaped: its parent may be frozen, see kill_tree)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        alive = []
-        for p in processes:
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.Error:
-                pass
-        if not alive:
-            return
-        processes = alive
-        time.sleep(0.02)
-
-
-def _raise_parent_died(signum, frame) -> None:
-    # ignore any further SIGTERM: closing a VizDoom game delivers one to this process (seen with vizdoom 1.2),
-    # which would otherwise kill the worker half-way through closing its envs
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise ParentDied("SIGTERM: the runner exited or asked this worker to die")
-
-
-def runner_alive() -> bool:
-    """False once the process that was this child's parent when it started is gone (checked in the workers' loops;
-    the parent-death signal normally ends them first)."""
-    return _parent_pid is not None and os.getppid() == _parent_pid
-
-
-def kill_descendants(pid: int | None = None) -> None:
-    """SIGKILL every process below `pid` (default: this process), e.g. the env engines of a worker about to die."""
-    try:
-        kill_processes(psutil.Process(pid).children(recursive=True))
-    except psutil.Error:
-        pass
-
-
-def kill_tree(process) -> None:
-    """SIGKILL a worker (multiprocessing.Process) and, first, everything it started. The worker is frozen (SIGSTOP)
-    while its engines die: running, it would take a dead engine for a failed env and start a fresh one."""
-    try:
-        os.kill(process.pid, signal.SIGSTOP)
-    except OSError:  # gone already
-        pass
-    kill_descendants(process.pid)
-    process.kill()
 
 
 def worker_context(env_modules: list[str]):
@@ -151,33 +54,6 @@ def worker_context(env_modules: list[str]):
     ctx.set_forkserver_preload(["__main__", "sf.runner.fork_server", *env_modules])
     multiprocessing.forkserver.ensure_running()  # now: it is one of the runner's own children, not an adopted orphan
     return ctx
-
-
-def limit_threads(num_threads: int) -> None:
-    """Pin the thread pools of torch, OpenMP/MKL and OpenCV to `num_threads` (envs run single-threaded)."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(num_threads)
-    import torch
-    torch.set_num_threads(num_threads)
-    try:
-        import cv2
-        cv2.setNumThreads(num_threads if num_threads > 1 else 0)
-    except ImportError:
-        pass
-
-
-def set_affinity(core: int | None, nice: int = 0) -> None:
-    if core is not None:
-        try:
-            cores = sorted(os.sched_getaffinity(0))
-            os.sched_setaffinity(0, {cores[core % len(cores)]})
-        except (AttributeError, OSError):
-            pass
-    if nice:
-        try:
-            os.nice(nice)
-        except OSError:
-            pass
 
 
 def enable_stack_dumps(name: str, report_queue) -> None:
@@ -233,14 +109,14 @@ def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *
     `unwind`: for a worker that owns processes (env engines), the runner's death raises ParentDied in its main thread
     (SIGTERM) instead of killing it (SIGKILL), so that its `finally` blocks close the envs and their engines.
     """
-    global _parent_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner owns Ctrl-C and stops its children in order
     _release_fork_server()
     if unwind:
         signal.signal(signal.SIGTERM, _raise_parent_died)
     die_with_parent(signal.SIGTERM if unwind else signal.SIGKILL)
-    _parent_pid = os.getppid()  # the runner, or the fork server that started us on its behalf (it dies with it)
-    if _parent_pid == 1 or not psutil.pid_exists(runner_pid):
+    parent = os.getppid()  # the runner, or the fork server that started us on its behalf (it dies with it)
+    set_parent(parent)
+    if parent == 1 or not psutil.pid_exists(runner_pid):
         os._exit(1)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATEFMT, stream=sys.stdout)
     enable_stack_dumps(name, report_queue)

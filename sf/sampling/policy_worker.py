@@ -147,7 +147,7 @@ class PolicyWorker:
 def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights, shared_state,
                       device) -> None:
     """Process entry: normal priority, `--policy_worker_torch_threads` threads."""
-    from sf.runner.supervision import limit_threads, runner_alive
+    from sf.processes.control import limit_threads, runner_alive
     limit_threads(cfg.policy_worker_torch_threads)
     heartbeat = shared_state.heartbeat_slot(f"policy_worker_{worker_idx}")
     worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device, worker_idx)

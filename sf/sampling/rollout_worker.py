@@ -280,7 +280,9 @@ class RolloutWorker:
 def run_rollout_worker(cfg, worker_idx, buffers, env_slots, queues, shared_state, core) -> None:
     """Process entry: lower priority than policy workers and learner, pinned to one core, one thread. Its envs may be
     processes of their own (VizDoom engines): however this worker ends, they end with it."""
-    from sf.runner.supervision import kill_descendants, limit_threads, runner_alive, set_affinity
+    from sf.processes.control import add_leftover_hook, kill_descendants, limit_threads, runner_alive, set_affinity
+    from sf_envs.registry import process_leftover_files
+    add_leftover_hook(process_leftover_files)  # its engines' shared memory goes with them if they must be killed
     limit_threads(1)
     set_affinity(core if cfg.set_workers_cpu_affinity else None, nice=5)
     worker = None

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from sf.runner import checkpoint as ckpt
-from sf.runner.checkpoint import (CheckpointError, CheckpointManager, check_compatible, load_into,
+from sf.learning import checkpoint as ckpt
+from sf.learning.checkpoint import (CheckpointError, CheckpointManager, check_compatible, load_into,
                                   make_checkpoint_state, model_signature, restore_rng_states)
 
 
@@ -403,7 +403,7 @@ def test_sigkill_during_save_always_leaves_a_loadable_checkpoint(tmp_path, caplo
     # forkserver: children fork from a clean server that already imported torch (fast, and no fork of a
     # process whose thread pools are running).
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "sf.runner.checkpoint"])
+    ctx.set_forkserver_preload(["torch", "sf.learning.checkpoint"])
     mgr = CheckpointManager(tmp_path, keep_checkpoints=2)
     mgr.save({"model": {"w": torch.zeros(4)}, "policy_version": 0, "env_steps": 0, "meta": {"env": "test"}}, 0, 0)
     rng = random.Random(0)

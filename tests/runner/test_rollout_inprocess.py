@@ -12,7 +12,7 @@ from sf.cfg import parse_cfg
 from sf.ipc import Queue
 from sf.learning.learner import Learner
 from sf.model.actor_critic import create_actor_critic
-from sf.runner.shared_state import SharedState
+from sf.processes.shared_state import SharedState
 from sf.sampling.policy_worker import PolicyWorker
 from sf.sampling.rollout_worker import RolloutWorker
 from sf_envs.registry import make_env
@@ -143,7 +143,8 @@ def test_learner_refuses_a_batch_of_other_policy_versions(tmp_path):
     run.close()
     b = run.buffers
     queues = SimpleNamespace(learner=Queue(), free=Queue(), report=Queue(max_size_bytes=2**22))
-    learner = Learner(run.cfg, run.obs_space, run.action_space, b, queues, run.weights, run.state, "cpu", tmp_path / "exp")
+    learner = Learner(run.cfg, run.obs_space, run.action_space, b, queues, run.weights, run.state, "cpu", tmp_path / "exp",
+                      frameskip=1)
     for tensor in b.all_tensors():  # a plausible batch 0 in slots 0..3 (acted on policy version 0)
         if tensor.dtype.is_floating_point:
             tensor.uniform_(0, 1)

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from sf.runner.checkpoint import weights_sha256
+from sf.learning.checkpoint import weights_sha256
 from sf.runner.stats import read_event_scalars
 
 pytestmark = pytest.mark.doom

@@ -17,7 +17,7 @@ from sf.cfg import ConfigError, parse_cfg
 from sf.runner import stats as stats_module
 from sf.runner import tracking
 from sf.runner.runner import Runner
-from sf.runner.shared_state import ENV_STEPS
+from sf.processes.shared_state import ENV_STEPS
 from sf.runner.stats import format_duration, progress_bar, read_event_scalars
 
 SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",

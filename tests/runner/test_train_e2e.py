@@ -210,7 +210,7 @@ def test_sigkill_then_resume_continues_counters(tmp_path):
         p.kill()
     wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                              for pid in pids.values()), 10, "children to exit after the parent's SIGKILL")
-    from sf.runner.checkpoint import CheckpointManager
+    from sf.learning.checkpoint import CheckpointManager
     before = CheckpointManager(tmp_path / "e2e").load("latest")
     assert before is not None
     # the same command, with a budget just above where it stopped, continues from the checkpoint

@@ -1,0 +1,156 @@
+"""Process control for every process of a run: the parent-death signal and the parent check a worker's loops make,
+thread counts and CPU affinity, and killing processes and their descendants together with the files they leave behind
+(through hooks the envs register: a VizDoom engine's shared memory). Used by the runner (sf/runner/supervision.py
+starts and supervises the workers) and by the workers themselves.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+_parent_pid = None  # this child's parent when it started (set by sf.runner.supervision.child_main via set_parent)
+_leftover_hooks: list = []
+
+
+def set_parent(pid: int) -> None:
+    """Remember the process runner_alive() watches (the child's parent at start-up)."""
+    global _parent_pid
+    _parent_pid = pid
+
+
+class ParentDied(BaseException):
+    """Raised in a worker's main thread when the runner died, to unwind through its `finally` blocks."""
+
+
+def _prctl(option: int, arg: int) -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
+    except OSError:  # not Linux: the parent-pid checks in the loops still apply
+        pass
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send `sig` to this process when its parent dies, so no orphan keeps shared memory."""
+    _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def become_subreaper() -> None:
+    """The runner adopts the orphans of its descendants (the engines of a worker that was SIGKILLed) instead of init,
+    so that kill_adopted() can end them."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def add_leftover_hook(hook: Callable[[list[str]], list[Path]]) -> None:
+    """Register `hook(cmdline) -> files` naming what a killed process of that command line leaves behind (an env
+    engine's shared memory: sf_envs.registry.process_leftover_files). Each process registers the hooks of the envs it
+    runs; this module knows no env."""
+    if hook not in _leftover_hooks:
+        _leftover_hooks.append(hook)
+
+
+def kill_processes(processes: list) -> None:
+    """SIGKILL psutil processes; for those a leftover hook recognizes (env engines), also remove the files they leave
+    (their shared memory) once they are dead: the engine's host removes those when it closes the game, which a host
+    that was (or is about to be) killed never does."""
+    files = []
+    for p in processes:
+        try:
+            cmdline = p.cmdline()
+            files += [f for hook in _leftover_hooks for f in hook(cmdline)]
+        except psutil.Error:  # gone already, or unreadable: it is still killed below if it can be
+            pass
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    if files:
+        _wait_dead(processes, timeout=5.0)
+        for f in files:
+            try:
+                f.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+def _wait_dead(processes: list, timeout: float) -> None:
+    """Wait until each process is gone or a zombie (dead, not yet reaped: its parent may be frozen, see kill_tree)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = []
+        for p in processes:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:
+                pass
+        if not alive:
+            return
+        processes = alive
+        time.sleep(0.02)
+
+
+def _raise_parent_died(signum, frame) -> None:
+    # ignore any further SIGTERM: closing a VizDoom game delivers one to this process (seen with vizdoom 1.2),
+    # which would otherwise kill the worker half-way through closing its envs
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise ParentDied("SIGTERM: the runner exited or asked this worker to die")
+
+
+def runner_alive() -> bool:
+    """False once the process that was this child's parent when it started is gone (checked in the workers' loops;
+    the parent-death signal normally ends them first)."""
+    return _parent_pid is not None and os.getppid() == _parent_pid
+
+
+def kill_descendants(pid: int | None = None) -> None:
+    """SIGKILL every process below `pid` (default: this process), e.g. the env engines of a worker about to die."""
+    try:
+        kill_processes(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        pass
+
+
+def kill_tree(process) -> None:
+    """SIGKILL a worker (multiprocessing.Process) and, first, everything it started. The worker is frozen (SIGSTOP)
+    while its engines die: running, it would take a dead engine for a failed env and start a fresh one."""
+    try:
+        os.kill(process.pid, signal.SIGSTOP)
+    except OSError:  # gone already
+        pass
+    kill_descendants(process.pid)
+    process.kill()
+
+
+def limit_threads(num_threads: int) -> None:
+    """Pin the thread pools of torch, OpenMP/MKL and OpenCV to `num_threads` (envs run single-threaded)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(num_threads)
+    import torch
+    torch.set_num_threads(num_threads)
+    try:
+        import cv2
+        cv2.setNumThreads(num_threads if num_threads > 1 else 0)
+    except ImportError:
+        pass
+
+
+def set_affinity(core: int | None, nice: int = 0) -> None:
+    if core is not None:
+        try:
+            cores = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cores[core % len(cores)]})
+        except (AttributeError, OSError):
+            pass
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError:
+            pass
