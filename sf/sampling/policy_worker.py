@@ -29,7 +29,7 @@ class PolicyWorker:
                  worker_idx: int = 0):
         self.cfg, self.buffers, self.env_slots, self.q = cfg, buffers, env_slots, queues
         self.sync = getattr(cfg, "sync_mode", "async") != "async"
-        self.chunk = getattr(cfg, "sync_inference_chunk", 16)
+        self.chunk = getattr(cfg, "sync_inference_chunk", 8)
         torch.manual_seed(stream_seed(run_seed(cfg), POLICY_WORKER, worker_idx))  # action sampling in async mode
         if self.sync:
             deterministic_kernels(device)
