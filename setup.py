@@ -36,6 +36,8 @@ setup(
         "opencv-python-headless>=4.7",
         "tqdm>=4.60",
         "av>=14",  # enjoy.py --save_video: H.264 (libx264 is in its wheels)
+        "tensorboard>=2.15",  # its event-file reader: python -m sf.plot, tests
+        "matplotlib>=3.7",  # python -m sf.plot
     ],
     extras_require={
         "doom": ["vizdoom>=1.2.3"],

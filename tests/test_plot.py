@@ -1,5 +1,5 @@
 """sf.plot: learning curves from TensorBoard event files (written here with tensorboardX, as training does, and by a
-real tiny training run), read back with TensorBoard's reader; sf.runner.stats.read_event_scalars uses the same reader."""
+real tiny training run), read back with TensorBoard's reader, which sf.runner.stats.read_event_scalars uses too."""
 import math
 import subprocess
 import sys
@@ -133,7 +133,8 @@ def test_panel_series_are_the_written_values(fake_train_dir):
     expect_tags = {"reward": ["reward/reward"], "reward_time": ["reward/reward"], "fps": ["perf/_fps"],
                    "lag": ["train/policy_lag_avg", "train/policy_lag_min", "train/policy_lag_max"]}
     for panel, curves in series.items():
-        assert [(s.experiment, s.tag) for s in curves] == [(e, t) for e in ("alpha", "beta") for t in expect_tags[panel]]
+        expected = [(e, t) for e in ("alpha", "beta") for t in expect_tags[panel]]
+        assert [(s.experiment, s.tag) for s in curves] == expected
         for s in curves:
             pts = written[s.experiment][s.tag]
             if panel == "reward_time":

@@ -1,0 +1,340 @@
+"""Learning curves as a PNG, from the TensorBoard event files that training writes into train_dir/EXPERIMENT/.
+
+    python -m sf.plot train_dir/exp_a [train_dir/exp_b ...] [--out curves.png] [--smooth 0.6] [--panels reward,fps]
+
+Panels (the tags are those of sf/runner/stats.py; the step of every scalar is the env frame count):
+    reward       reward/reward (average episode reward) vs env frames
+    reward_time  reward/reward vs wall time since the experiment's first summary (a resumed run's pause included)
+    fps          perf/_fps (env frames per second over the last 10 s) vs env frames
+    lag          train/policy_lag_avg (line) within train/policy_lag_min..max (band), in SGD steps, vs env frames
+Several experiments share each panel: one colour per experiment, the legend gives the experiment directory's name.
+--smooth is TensorBoard's smoothing (a debiased exponential moving average); the raw values are drawn faintly behind.
+
+Event files are read with TensorBoard's own reader (tensorboard.backend.event_processing.event_file_loader), file by
+file in name order (= creation order); `read_scalar_events` is also what sf.runner.stats.read_event_scalars returns.
+Bad input (an experiment directory that does not exist or holds no event files, an --out whose directory does not
+exist, a flag out of range) is one line on stderr and exit code 2; an I/O failure one line and exit code 1.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sf.cfg import ConfigError, RunError, _one_line, _OneLineParser
+
+# matplotlib and tensorboard are imported where used: importing this module (sf.runner.stats does, lazily) and
+# answering --help or bad input stay fast.
+
+EVENT_GLOB = "events.out.tfevents.*"
+DEFAULT_OUT_NAME = "learning_curves.png"
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    title: str
+    x: str  # "frames" (the event step) or "time" (the event wall time, from the experiment's first summary)
+    tags: tuple[str, ...]  # the first one is the line; lag: (avg, min, max), min..max drawn as a band
+    ylabel: str
+
+
+PANELS: dict[str, PanelSpec] = {
+    "reward": PanelSpec("Reward vs env frames", "frames", ("reward/reward",), "average episode reward"),
+    "reward_time": PanelSpec("Reward vs wall time", "time", ("reward/reward",), "average episode reward"),
+    "fps": PanelSpec("Throughput", "frames", ("perf/_fps",), "env frames / s (10 s window)"),
+    "lag": PanelSpec("Policy lag (avg; band: min..max)", "frames",
+                     ("train/policy_lag_avg", "train/policy_lag_min", "train/policy_lag_max"), "SGD steps"),
+}
+
+
+@dataclass
+class Series:
+    """One experiment's curve of one tag in one panel: x as plotted (env frames, or wall time in `time_unit`),
+    y as written to the event file (orphans dropped, see `drop_orphans`), y_smooth = ema(y, --smooth)."""
+    experiment: str
+    tag: str
+    x: np.ndarray
+    y: np.ndarray
+    y_smooth: np.ndarray
+
+
+# --- reading ---
+
+def event_files(exp_dir: Path) -> list[Path]:
+    """The TensorBoard event files directly in exp_dir, in name order: tensorboardX names them
+    events.out.tfevents.<unix time>.<host>, so a resumed run's newer file comes after the older one."""
+    return sorted(p for p in Path(exp_dir).glob(EVENT_GLOB) if p.is_file() and not p.name.endswith(".profile-empty"))
+
+
+def read_scalar_events(exp_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """Reads every event file of exp_dir (`event_files`) with TensorBoard's reader and returns
+    tag -> [(step, wall_time, value)] for the scalar summaries, in file order (no sorting, no de-duplication).
+    A truncated last record (a run still writing) ends that file quietly, as in TensorBoard."""
+    # LegacyEventFileLoader yields the Event protos as written (what EventAccumulator reads scalars with);
+    # EventFileLoader would first rewrite simple_value into tensors for the plugin system.
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    scalars: dict[str, list[tuple[int, float, float]]] = {}
+    tensor_scalar_tags: set[str] = set()  # TF2-style writers mark the plugin only on a tag's first value
+    for path in event_files(exp_dir):
+        for event in LegacyEventFileLoader(str(path)).Load():
+            for v in event.summary.value:
+                kind = v.WhichOneof("value")
+                if kind == "simple_value":  # tensorboardX's add_scalar
+                    value = v.simple_value
+                elif kind == "tensor" and (v.tag in tensor_scalar_tags
+                                           or v.metadata.plugin_data.plugin_name == "scalars"):
+                    from tensorboard.util.tensor_util import make_ndarray
+                    tensor_scalar_tags.add(v.tag)
+                    value = float(make_ndarray(v.tensor))
+                else:
+                    continue  # images, histograms, text: not curves
+                scalars.setdefault(v.tag, []).append((event.step, event.wall_time, float(value)))
+    return scalars
+
+
+def drop_orphans(points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
+    """points [(step, wall_time, value)] in file order, without those a restart made orphans: when the step goes back
+    (a run resumed from a checkpoint older than its last summaries), the earlier points at or past that step are
+    dropped, as TensorBoard does (purge_orphaned_data). Equal steps are kept (train/policy_lag_batches repeats them)."""
+    kept: list[tuple[int, float, float]] = []
+    for p in points:
+        if kept and p[0] < kept[-1][0]:
+            kept = [q for q in kept if q[0] < p[0]]
+        kept.append(p)
+    return kept
+
+
+def ema(values, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing of `values` with `weight` in [0, 1): last = last * weight + (1 - weight) * v, divided by
+    1 - weight**n (debiased: the first point is not pulled toward 0); non-finite values pass through unsmoothed."""
+    values = np.asarray(values, dtype=float)
+    if weight == 0:
+        return values.copy()
+    out = np.empty_like(values)
+    last, n = 0.0, 0
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            out[i] = v
+            continue
+        last = last * weight + (1 - weight) * v
+        n += 1
+        out[i] = last / (1 - weight ** n)
+    return out
+
+
+def time_unit(max_seconds: float) -> tuple[str, float]:
+    """(name, seconds per unit) for a wall-time axis spanning max_seconds: s up to 2 min, min up to 2 h, then h."""
+    if max_seconds <= 120:
+        return "s", 1.0
+    if max_seconds <= 7200:
+        return "min", 60.0
+    return "h", 3600.0
+
+
+def panel_series(runs: dict[str, dict[str, list[tuple[int, float, float]]]], panels: list[str],
+                 smooth: float) -> tuple[dict[str, list[Series]], str]:
+    """runs: experiment label -> `read_scalar_events` of it. Returns (panel name -> the Series it plots, in the order
+    of runs then of the panel's tags; a tag missing from an experiment gives no Series) and the wall-time axis unit.
+    This is exactly what `render` draws, so tests check it against what was written."""
+    starts = {label: min((w for pts in scalars.values() for _, w, _ in pts), default=0.0)
+              for label, scalars in runs.items()}
+    span = max((w - starts[label] for label, scalars in runs.items() for pts in scalars.values() for _, w, _ in pts),
+               default=0.0)
+    unit, unit_s = time_unit(span)
+    out: dict[str, list[Series]] = {}
+    for name in panels:
+        spec = PANELS[name]
+        out[name] = []
+        for label, scalars in runs.items():
+            for tag in spec.tags:
+                pts = drop_orphans(scalars.get(tag, []))
+                if not pts:
+                    continue
+                steps, walls, values = (np.array(c, dtype=float) for c in zip(*pts))
+                x = steps if spec.x == "frames" else (walls - starts[label]) / unit_s
+                out[name].append(Series(label, tag, x, values, ema(values, smooth)))
+    return out, unit
+
+
+# --- drawing ---
+
+def render(series: dict[str, list[Series]], unit: str, labels: list[str], smooth: float, out: Path,
+           title: str | None = None) -> None:
+    """Draws the panels of `series` (from `panel_series`) into a PNG at `out`, written to a temporary name beside it
+    and renamed, so `out` is either the previous file or the complete new one. labels fixes each experiment's colour.
+    Raises OSError when the file cannot be written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter
+
+    colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    n = len(series)
+    ncols = 1 if n == 1 else 2
+    nrows = math.ceil(n / ncols)
+    # a Figure with its own Agg canvas, not pyplot: headless whatever backend the caller's matplotlib has chosen
+    fig = Figure(figsize=(6.4 * ncols, 4.4 * nrows), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    for ax, (name, curves) in zip(axes, series.items()):
+        spec = PANELS[name]
+        ax.set_title(spec.title)
+        ax.set_ylabel(spec.ylabel)
+        ax.set_xlabel("env frames" if spec.x == "frames" else f"wall time ({unit})")
+        if spec.x == "frames":
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 1.2M rather than 1.2e6 in the corner
+        ax.grid(True, alpha=0.3)
+        if not curves:
+            ax.text(0.5, 0.5, f"no {spec.tags[0]} in the event files", ha="center", va="center",
+                    transform=ax.transAxes, color="gray")
+            continue
+        by_tag = {(s.experiment, s.tag): s for s in curves}
+        for s in curves:
+            if s.tag != spec.tags[0]:
+                continue  # lag min/max: drawn as the band below
+            color = colors[s.experiment]
+            if smooth > 0:  # the raw values faintly behind the smoothed line, as TensorBoard shows them
+                ax.plot(s.x, s.y, color=color, alpha=0.25, linewidth=1)
+            # markers while points are few: a lone point is otherwise invisible (a short run's first summaries)
+            marker = dict(marker="o", markersize=3) if len(s.x) <= 20 else {}
+            ax.plot(s.x, s.y_smooth, color=color, linewidth=1.8, label=s.experiment, **marker)
+            lo, hi = (by_tag.get((s.experiment, t)) for t in spec.tags[1:]) if len(spec.tags) == 3 else (None, None)
+            if lo is not None and hi is not None:  # lag: min..max around the average
+                if np.array_equal(lo.x, hi.x):  # written together each summary: one band
+                    ax.fill_between(lo.x, lo.y_smooth, hi.y_smooth, color=color, alpha=0.15, linewidth=0)
+                else:
+                    for b in (lo, hi):
+                        ax.plot(b.x, b.y_smooth, color=color, linewidth=0.8, linestyle=":")
+        if ax.get_legend_handles_labels()[0]:  # (matplotlib warns on stderr about a legend with no lines)
+            ax.legend(fontsize="small", loc="best")
+    if title:
+        fig.suptitle(title)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# --- command line ---
+
+def experiment_labels(dirs: list[Path]) -> list[str]:
+    """Legend names: each directory's name, or as many trailing path components as make the names distinct
+    (run_1/exp and run_2/exp)."""
+    parts = [Path(os.path.abspath(d)).parts for d in dirs]
+    for k in range(1, max(len(p) for p in parts) + 1):
+        labels = ["/".join(p[-k:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(d) for d in dirs]
+
+
+def check_experiment_dir(d: Path) -> None:
+    """Raises a one-line ConfigError unless d is a directory holding event files (naming sub-directories that do,
+    for `python -m sf.plot train_dir`)."""
+    valid = "give an experiment directory that training wrote, such as train_dir/<experiment>"
+    if not d.exists():
+        raise ConfigError(f"{d}: no such directory; {valid}")
+    if not d.is_dir():
+        raise ConfigError(f"{d}: not a directory; {valid}")
+    if not event_files(d):
+        subs = sorted(str(s) for s in d.iterdir() if s.is_dir() and event_files(s))
+        hint = f" (these sub-directories have them: {', '.join(subs[:5])}{', ...' if len(subs) > 5 else ''})" \
+            if subs else ""
+        raise ConfigError(f"{d}: no TensorBoard event files ({EVENT_GLOB}) in this directory{hint}; {valid}")
+
+
+def check_out(out: Path) -> None:
+    """Raises a one-line ConfigError unless `out` can name the PNG: a .png name in an existing directory."""
+    if out.suffix.lower() != ".png":
+        raise ConfigError(f"--out {out}: the file name must end in .png, such as {out.with_suffix('.png')}")
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a file name in it, such as {out / DEFAULT_OUT_NAME}")
+    parent = out.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ConfigError(f"--out {out}: directory {parent} {what}; give a .png path in an existing directory")
+
+
+def parse_panels(text: str) -> list[str]:
+    """'reward,fps' -> ['reward', 'fps'] (order kept, repeats dropped); ConfigError for an unknown or empty list."""
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in PANELS]
+    if bad or not names:
+        raise ConfigError(f"--panels {text!r}: {'unknown panel ' + ', '.join(bad) if bad else 'empty'}; "
+                          f"choose a comma-separated list of {', '.join(PANELS)}")
+    return names
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog=prog, allow_abbrev=False,
+                            description="Learning curves (PNG) from the TensorBoard event files of experiments.")
+    parser.add_argument("exp_dirs", nargs="+", type=Path, metavar="EXPERIMENT_DIR",
+                        help="experiment directories, such as train_dir/<experiment>; one line each per panel")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"the PNG to write (default: EXPERIMENT_DIR/{DEFAULT_OUT_NAME} for one experiment, "
+                             f"./{DEFAULT_OUT_NAME} for several)")
+    parser.add_argument("--smooth", type=float, default=0.6,
+                        help="TensorBoard's smoothing weight, in [0, 1): 0 draws the values as written (default 0.6)")
+    parser.add_argument("--panels", default=",".join(PANELS),
+                        help=f"comma-separated panels among {', '.join(PANELS)} (default: all)")
+    parser.add_argument("--title", default=None, help="a title above the panels")
+    return parser
+
+
+def run_plot(args: argparse.Namespace) -> Path:
+    """Checks the arguments (ConfigError), reads the experiments, writes the PNG (RunError on an I/O failure);
+    returns the path written."""
+    if not (math.isfinite(args.smooth) and 0 <= args.smooth < 1):
+        raise ConfigError(f"--smooth {args.smooth}: must be in [0, 1) (0: no smoothing; TensorBoard's default is 0.6)")
+    panels = parse_panels(args.panels)
+    dirs: list[Path] = args.exp_dirs
+    for d in dirs:
+        check_experiment_dir(d)
+    seen: dict[Path, Path] = {}
+    for d in dirs:
+        if d.resolve() in seen:
+            raise ConfigError(f"{d}: given twice (as {seen[d.resolve()]}); give each experiment directory once")
+        seen[d.resolve()] = d
+    out = args.out
+    if out is None:  # one experiment: beside its event files; several: here, as none of them owns the comparison
+        out = dirs[0] / DEFAULT_OUT_NAME if len(dirs) == 1 else Path(DEFAULT_OUT_NAME)
+    check_out(out)
+    labels = experiment_labels(dirs)
+    try:
+        runs = {label: read_scalar_events(d) for label, d in zip(labels, dirs)}
+    except OSError as e:
+        raise RunError(f"cannot read {e.filename or dirs}: {e.strerror or e}") from None
+    series, unit = panel_series(runs, panels, args.smooth)
+    try:
+        render(series, unit, labels, args.smooth, out, args.title)
+    except OSError as e:
+        raise RunError(f"cannot write {out}: {e.strerror or e}") from None
+    return out
+
+
+def main(argv=None, *, prog: str = "python -m sf.plot") -> int:
+    """`python -m sf.plot`: write the PNG and print its path. Bad input: one line on stderr, exit code 2;
+    an I/O failure: one line, exit code 1."""
+    try:
+        out = run_plot(build_parser(prog).parse_args(argv))
+    except ConfigError as e:
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except RunError as e:
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    print(f"Wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
