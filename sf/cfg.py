@@ -264,7 +264,9 @@ PARAMS: list[Param] = [
       "env engine that hangs) is reported with its Python stack and the run stops with a checkpoint (0: never)",
       scope="train", min_value=0.0, max_value=604800.0),
     P("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1, max_value=1024),
-    P("learner_torch_threads", int, 0, "torch threads of the learner (0: number of cores)", scope="train", min_value=0, max_value=1024),
+    P("learner_torch_threads", int, 0, "torch threads of the learner (0: the number of cores; with --sync_mode hts "
+      "half of them, since collection runs beside training: measured on 2 cores, two learner threads contending with "
+      "the workers cost hts 25-40%% of its throughput)", scope="train", min_value=0, max_value=1024),
     P("sampler_only", str2bool, False, "Benchmark: the learner returns trajectories unused (measures the sampler alone)", scope="train"),
     P("random_policy", str2bool, False, "Benchmark: policy workers sample uniform random actions without the network", scope="train"),
     # --- learning ---
@@ -1119,11 +1121,15 @@ def _one_line(e: BaseException) -> str:
 
 
 def cli_main(main: Callable[[argparse.Namespace], int], mode: str, prog: str, argv=None) -> int:
-    """Parse the command line, run `main(cfg)`. A ConfigError (bad input) becomes one line on stderr and exit
-    code 2; a RunError (e.g. an I/O failure) one line and exit code 1."""
+    """Parse the command line, run `main(cfg)`; errors as in run_guarded."""
+    return run_guarded(prog, lambda: main(parse_cfg(argv, mode=mode, prog=prog)))
+
+
+def run_guarded(prog: str, body: Callable[[], int]) -> int:
+    """`body()`'s exit code. A ConfigError (bad input) becomes one line on stderr and exit code 2; a RunError (e.g.
+    an I/O failure) one line and exit code 1: every entry point's user-facing errors look alike."""
     try:
-        cfg = parse_cfg(argv, mode=mode, prog=prog)
-        return main(cfg)
+        return body()
     except ConfigError as e:
         print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
         return 2

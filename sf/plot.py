@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sf.cfg import ConfigError, RunError, _one_line, _OneLineParser
+from sf.cfg import ConfigError, RunError, _OneLineParser, run_guarded
 
 # matplotlib and tensorboard are imported where used: importing this module (sf.runner.stats does, lazily) and
 # answering --help or bad input stay fast.
@@ -324,16 +324,11 @@ def run_plot(args: argparse.Namespace) -> Path:
 def main(argv=None, *, prog: str = "python -m sf.plot") -> int:
     """`python -m sf.plot`: write the PNG and print its path. Bad input: one line on stderr, exit code 2;
     an I/O failure: one line, exit code 1."""
-    try:
-        out = run_plot(build_parser(prog).parse_args(argv))
-    except ConfigError as e:
-        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except RunError as e:
-        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
-        return 1
-    print(f"Wrote {out}")
-    return 0
+    def body() -> int:
+        print(f"Wrote {run_plot(build_parser(prog).parse_args(argv))}")
+        return 0
+
+    return run_guarded(prog, body)
 
 
 if __name__ == "__main__":

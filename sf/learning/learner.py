@@ -252,11 +252,21 @@ class Learner:
         self.state.learner[FINISHED] = 1.0
 
 
+def learner_threads(cfg) -> int:
+    """--learner_torch_threads, or by default every core, except in hts mode, where the next batch is collected while
+    this one trains: then half of them (a number independent of the worker layout, so that every layout computes the
+    same bits). OpenMP threads of a learner that owns every core spin while the workers hold one of them."""
+    cores = os.cpu_count() or 1
+    if cfg.learner_torch_threads:
+        return cfg.learner_torch_threads
+    return max(1, cores // 2) if getattr(cfg, "sync_mode", "async") == "hts" else cores
+
+
 def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
                 frameskip) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle."""
     from sf.processes.control import limit_threads
-    limit_threads(cfg.learner_torch_threads or os.cpu_count() or 1)
+    limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
                       frameskip)
     learner.run()

@@ -28,9 +28,9 @@ from sf.buffers.trajectory_buffers import TrajectoryBuffers, shm_available_bytes
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
 from sf.ipc import Queue
 from sf.learning.checkpoint import CheckpointError, CheckpointManager, check_compatible
-from sf.learning.learner import Learner, checkpoint_meta, run_learner
+from sf.learning.learner import Learner, checkpoint_meta, learner_threads, run_learner
 from sf.model.actor_critic import create_actor_critic
-from sf.processes.control import add_leftover_hook, become_subreaper, kill_tree
+from sf.processes.control import add_leftover_hook, become_subreaper, kill_tree, limit_threads
 from sf.processes.shared_state import ENV_STEPS, FINISHED, SharedState
 from sf.runner import tracking
 from sf.runner.stats import RunStats, format_duration, progress_bar
@@ -511,6 +511,7 @@ class Runner:
         """Every component in this process, stepped round-robin (for debugging). Any layout of the parallel mode works:
         a rollout worker that finds no free slot runs the learner (which frees them) instead of waiting for it."""
         cfg = self.cfg
+        limit_threads(learner_threads(cfg))  # the learner's threads, as in its own process: the same bits
         learner = Learner(cfg, self.obs_space, self.action_space, self.buffers, self.queues, self.shared_weights,
                           self.state, self.device, self.exp_dir, self.spec.frameskip)
         self.stats.start_frames = learner.env_steps
