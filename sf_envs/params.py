@@ -36,7 +36,8 @@ ENV_PARAMS: list[dict] = [
        "(Doom 4, duel/deathmatch 2, Atari 4, DMLab 4, others 1)", min_value=1, max_value=64),
     # --- VizDoom ---
     _p("doom_scenarios_dir", str, None, "Directory with the fetched Sample Factory Doom scenarios (battle, duel, ...); "
-       "None: $SF_DOOM_SCENARIOS or <repo>/data/doom_scenarios (fill it: python -m sf_envs.doom.fetch_scenarios)",
+       "None: $SF_DOOM_SCENARIOS or <repo>/data/doom_scenarios in a clone, ~/.local/share/sf/doom_scenarios "
+       "installed (fill it: python -m sf_envs.doom.fetch_scenarios)",
        check="path"),
     _p("doom_res_w", int, 128, "Doom observation width (the game renders at 160x120 and is downsampled; the conv "
        "encoders need at least 36)", min_value=36, max_value=1280),
@@ -80,7 +81,8 @@ ENV_PARAMS: list[dict] = [
     _p("atari_full_action_space", bool, False, "All 18 joystick actions instead of the game's minimal set"),
     # --- DeepMind Lab ---
     _p("dmlab_level_cache_dir", str, None, "DMLab level cache directory (generated maps are reused across runs); "
-       "None: $SF_DMLAB_LEVEL_CACHE or <repo>/data/dmlab_level_cache", check="path"),
+       "None: $SF_DMLAB_LEVEL_CACHE or <repo>/data/dmlab_level_cache in a clone, ~/.local/share/sf/dmlab_level_cache "
+       "installed", check="path"),
     _p("dmlab_use_level_cache", bool, True, "Use the DMLab level cache"),
     _p("dmlab_renderer", str, "software", "DMLab renderer", choices=("software", "hardware")),
     _p("dmlab_dataset_path", str, None, "Path of the Brady/Konkle/Oliva 2008 image dataset (psychlab levels)", check="path"),

@@ -1,6 +1,8 @@
 """Small helpers shared by the env integrations."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -31,3 +33,14 @@ def derive_seed(base_seed: Optional[int], env_index: int) -> Optional[int]:
 
 def cfg_seed(cfg) -> Optional[int]:
     return getattr(cfg, "seed", None) if cfg is not None else None
+
+
+def data_dir(name: str) -> Path:
+    """Where env data that is fetched or cached at run time lives (name: e.g. "doom_scenarios"): <clone>/data/<name> in
+    a clone (the repository's setup.py beside the package), else an installed copy's per-user data directory,
+    $XDG_DATA_HOME/sf/<name> (~/.local/share/sf/<name>): never inside site-packages."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "setup.py").is_file() and (root / "sf_envs").is_dir():
+        return root / "data" / name
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "sf" / name

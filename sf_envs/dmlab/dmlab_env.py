@@ -23,7 +23,7 @@ from sf_envs.dmlab.levels import levels_of
 from sf_envs.episode_stats import episode_report
 from sf_envs.errors import EnvUnavailableError
 from sf_envs.params import get_param
-from sf_envs.utils import cfg_seed, derive_seed, single_threaded
+from sf_envs.utils import cfg_seed, data_dir, derive_seed, single_threaded
 
 RES_W, RES_H = 96, 72
 OBS_NAME = "RGB_INTERLEAVED"  # [H, W, 3] uint8
@@ -75,7 +75,7 @@ def level_cache_dir(cfg=None) -> Path:
     d = get_param(cfg, "dmlab_level_cache_dir") or os.environ.get("SF_DMLAB_LEVEL_CACHE")
     if d:
         return Path(os.path.expanduser(d))
-    return Path(__file__).resolve().parent.parent.parent / "data" / "dmlab_level_cache"
+    return data_dir("dmlab_level_cache")
 
 
 class LevelCache:

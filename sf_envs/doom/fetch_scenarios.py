@@ -30,6 +30,7 @@ from typing import Optional
 
 from sf_envs.doom import scenario_digests
 from sf_envs.doom.scenario_check import file_sha256
+from sf_envs.utils import data_dir
 
 SF_PACKAGE = scenario_digests.SF_PACKAGE
 SF_VERSION = scenario_digests.SF_VERSION
@@ -38,8 +39,6 @@ ENV_VAR = "SF_DOOM_SCENARIOS"
 LICENSE_NAME = "LICENSE.sample-factory"
 MANIFEST_NAME = "MANIFEST.json"
 FETCH_COMMAND = "python -m sf_envs.doom.fetch_scenarios"
-
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass(frozen=True)
@@ -54,11 +53,12 @@ PINNED = Pins(scenario_digests.WHEEL_NAME, scenario_digests.WHEEL_SHA256, scenar
 
 
 def default_scenarios_dir() -> Path:
-    return REPO_ROOT / "data" / "doom_scenarios"
+    return data_dir("doom_scenarios")
 
 
 def scenarios_dir(cfg=None) -> Path:
-    """Where the fetched scenarios live: cfg.doom_scenarios_dir, else $SF_DOOM_SCENARIOS, else <repo>/data/doom_scenarios."""
+    """Where the fetched scenarios live: cfg.doom_scenarios_dir, else $SF_DOOM_SCENARIOS, else <repo>/data/doom_scenarios
+    in a clone or the user's data directory for an installed copy (sf_envs.utils.data_dir)."""
     d = getattr(cfg, "doom_scenarios_dir", None) if cfg is not None else None
     if not d:
         d = os.environ.get(ENV_VAR) or None
