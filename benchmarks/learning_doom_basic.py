@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--sync_modes", nargs="+", default=["async"], choices=["async", "hts", "ppo"],
                     help="one run per --sync_mode, in this order")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--train_dir", default=None, help="keep each run's experiment dir here, as learn_<mode> (for "
+                    "python -m sf.plot); default: a temporary directory")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args()
     header(f"Learning curve: {args.env}")
@@ -52,15 +54,17 @@ def main() -> None:
 def learning_run(args, mode: str) -> tuple:
     """One training run; prints its curve; returns (wall time, final average reward, frames to the target)."""
     with tempfile.TemporaryDirectory() as tmp:
+        tmp, name = (args.train_dir, f"learn_{mode}") if args.train_dir else (tmp, "learn")
         t0 = time.time()
-        cmd = [sys.executable, str(ROOT / "train.py"), "--env", args.env, "--experiment", "learn", "--train_dir", tmp,
+        cmd = [sys.executable, str(ROOT / "train.py"), "--env", args.env, "--experiment", name, "--train_dir", tmp,
+               "--restart_behavior", "overwrite",
                "--num_workers", str(args.num_workers), "--train_for_env_steps", str(args.frames),
                "--experiment_summaries_interval", "5", "--sync_mode", mode, *args.extra]
         if args.seed is not None:
             cmd += ["--seed", str(args.seed)]
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         wall = time.time() - t0
-        scalars = read_event_scalars(Path(tmp) / "learn")
+        scalars = read_event_scalars(Path(tmp) / name)
     rewards = scalars.get("reward/reward", [])
     fps = dict(scalars.get("perf/_fps", []))
     rows, first_hit = [], None

@@ -44,11 +44,14 @@ def main() -> None:
     ap.add_argument("--num_workers", type=int, default=2)
     ap.add_argument("--duration", type=int, default=90, help="seconds per run")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--train_dir", default=None, help="keep the runs' experiment dirs here (for python -m sf.plot); "
+                    "default: a temporary directory")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more train.py flags for every run")
     args = ap.parse_args()
     header("Modes: async / hts / ppo, env frames/s with the same workers")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        tmp = args.train_dir or tmp
         for env in args.envs:
             fps: dict[str, list[float]] = {m: [] for m in MODES}
             ratios: dict[str, list[float]] = {m: [] for m in MODES}
