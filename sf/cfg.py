@@ -1025,6 +1025,9 @@ def verify(cfg, mode: str = "train") -> None:
     if samples > MAX_SAMPLES_PER_TRAINING_BATCH:
         raise ConfigError(f"--batch_size x --num_batches_per_epoch must be at most {MAX_SAMPLES_PER_TRAINING_BATCH} "
                           f"samples per training batch (got {cfg.batch_size} x {cfg.num_batches_per_epoch} = {samples})")
+    if mode == "train" and cfg.sync_mode != "async" and cfg.sampler_only:
+        raise ConfigError(f"--sampler_only measures the asynchronous sampler alone; with --sync_mode {cfg.sync_mode} "
+                          "every interval waits for the learner: use --sync_mode async")
     if mode == "train" and cfg.sync_mode != "async":
         per_batch = cfg.num_workers * cfg.num_envs_per_worker * cfg.rollout
         if cfg.batch_size < per_batch and per_batch % cfg.batch_size:

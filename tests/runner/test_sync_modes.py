@@ -75,3 +75,15 @@ def test_seed_drawn_when_not_given_is_saved_and_printed(entry, tmp_path):
     seed = json.loads((tmp_path / "a" / "config.json").read_text())["seed"]
     assert isinstance(seed, int) and f"--seed {seed} (drawn at random" in out and f"seed {seed}" in out
     assert run(entry, tmp_path, "b", "hts", seed, 2, 4)[0][0] == digest  # the saved seed repeats the run
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--sync_mode", "hts", "--batch_size", "96"], "--batch_size (96) must divide it (or be at least 256)"),
+    (["--sync_mode", "ppo", "--sampler_only", "True"], "--sampler_only measures the asynchronous sampler alone"),
+    (["--sync_mode", "bogus"], "--sync_mode"),
+])
+def test_sync_mode_bad_input_is_one_line(entry, tmp_path, flags, message):
+    res = entry("train.py", "--env", "doom_basic", "--train_dir", tmp_path, "--num_workers", "2",
+                "--num_envs_per_worker", "4", *flags)
+    assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
