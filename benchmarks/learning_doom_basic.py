@@ -15,6 +15,7 @@ flags, e.g. the paper's setup for comparison:
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,19 @@ def main() -> None:
     print(table(summary, ["mode", "wall time (s)", "final avg reward", f"frames to reach {args.target}"]))
 
 
+REPORT_RE = re.compile(r"Total num frames: (\d+)\..*Avg episode reward: ([-\d.]+) \((\d+) episodes\)")
+
+
+def first_reached(log: Path, target: float, min_episodes: int = 100) -> int | None:
+    """Env frames of the first report line whose average reward reaches `target` over a full window of episodes (an
+    average of the first two lucky episodes does not count). From the run's sf_log.txt."""
+    for line in log.read_text().splitlines():
+        m = REPORT_RE.search(line)
+        if m and int(m.group(3)) >= min_episodes and float(m.group(2)) >= target:
+            return int(m.group(1))
+    return None
+
+
 def learning_run(args, mode: str) -> tuple:
     """One training run; prints its curve; returns (wall time, final average reward, frames to the target)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,13 +79,12 @@ def learning_run(args, mode: str) -> tuple:
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         wall = time.time() - t0
         scalars = read_event_scalars(Path(tmp) / name)
+        first_hit = first_reached(Path(tmp) / name / "sf_log.txt", args.target)
     rewards = scalars.get("reward/reward", [])
     fps = dict(scalars.get("perf/_fps", []))
-    rows, first_hit = [], None
+    rows = []
     step_every = max(1, len(rewards) // 20)
     for i, (frames, r) in enumerate(rewards):
-        if first_hit is None and r >= args.target:
-            first_hit = frames
         if i % step_every == 0 or i == len(rewards) - 1:
             rows.append([frames, f"{r:.3f}", f"{fps.get(frames, float('nan')):.0f}"])
     print(table(rows, ["env frames", "avg reward (last 100 episodes)", "fps"]))
