@@ -424,15 +424,27 @@ PyObject *raise_status(const CQueue *self, int st) {
     return nullptr;
 }
 
+// A blocking wait is cut into slices of this length, between which Python's signal handlers run: a signal that
+// arrives just before the wait starts (after the interpreter's last check, before the futex sleep) interrupts
+// nothing, and without slices its KeyboardInterrupt would wait for the next message, forever for a get without one.
+constexpr int64_t kSignalSliceNs = 100 * 1000 * 1000;
+
+int64_t slice_of(int64_t deadline) {
+    if (deadline == CQ_NONBLOCK) return deadline;
+    const int64_t slice = cq_now_ns() + kSignalSliceNs;
+    return slice < deadline ? slice : deadline;
+}
+
 // Put the records in `b` (n of them), releasing the GIL; retries after signals that raise nothing.
 PyObject *do_put(CQueue *self, const Buf &b, size_t n, int64_t deadline) {
     int st;
     if (!enter_core(self)) return nullptr;
     for (;;) {
+        const int64_t slice = slice_of(deadline);
         Py_BEGIN_ALLOW_THREADS
-        st = cq_put_records(&self->h, b.p, b.len, n, deadline, 1);
+        st = cq_put_records(&self->h, b.p, b.len, n, slice, 1);
         Py_END_ALLOW_THREADS
-        if (st != CQ_EINTR) break;
+        if (st != CQ_EINTR && !(st == CQ_FULL && slice != deadline)) break;
         if (PyErr_CheckSignals() < 0) {
             leave_core(self);
             return nullptr;
@@ -485,10 +497,11 @@ PyObject *do_get(CQueue *self, size_t max_msgs, int64_t deadline, bool as_list) 
     int st = CQ_OK;
     ++self->inflight;  // checked open above; nothing ran Python code since
     for (;;) {
+        const int64_t slice = slice_of(deadline);
         Py_BEGIN_ALLOW_THREADS
-        st = cq_get_records(&self->h, buf, cap, max_msgs, deadline, 1, &n, &nbytes, &needed);
+        st = cq_get_records(&self->h, buf, cap, max_msgs, slice, 1, &n, &nbytes, &needed);
         Py_END_ALLOW_THREADS
-        if (st == CQ_EINTR) {
+        if (st == CQ_EINTR || (st == CQ_EMPTY && slice != deadline)) {  // a signal, or the end of a slice
             if (PyErr_CheckSignals() < 0) goto done;
             continue;
         }
