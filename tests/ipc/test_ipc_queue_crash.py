@@ -168,8 +168,10 @@ def _get_until_interrupted(q, ready):
 def test_ctrl_c_interrupts_a_blocking_get():
     """The GIL-free wait returns on EINTR so Python signal handlers (KeyboardInterrupt) run. The get has no timeout:
     only the signal can end it, so the child exiting at all (code 7) is the proof; no wall-clock bound, which a busy
-    machine would break."""
-    ctx = mp.get_context("fork")
+    machine would break. The child starts from a fork server: forked from pytest's process, which earlier tests leave
+    with threads of their own, it could inherit a lock one of them held (with a CPU hog beside the whole suite the
+    forked child once never exited; not reproduced alone, cause not proven)."""
+    ctx = mp.get_context("forkserver")
     q = Queue()
     ready = ctx.Value("i", 0, lock=False)
     p = ctx.Process(target=_get_until_interrupted, args=(q, ready))
