@@ -30,8 +30,8 @@ default experiment name is the env name with other characters replaced by `_` (`
 
 Sample Factory's command lines run as written (`SF_FLAGS`, listed under their own heading in --help): a flag of
 Sample Factory's that is not a parameter here under that name is an alias (e.g. --ppo_epochs: stored as num_epochs;
-given with its target, the two must agree), selects something not implemented (e.g. --num_policies: only 1 is
-accepted, anything else is one line naming the flag), or has no meaning here (e.g. --benchmark, --pbt_*: accepted,
+given with its target, the two must agree), selects something not implemented (e.g. --pbt_optimize_gamma: only False
+is accepted, anything else is one line naming the flag), or has no meaning here (e.g. --benchmark: accepted,
 not stored, one line in the run log via cfg._notes). Booleans take Sample Factory's spellings too (t/f),
 and a bare boolean flag of theirs means True.
 
@@ -252,7 +252,41 @@ PARAMS: list[Param] = [
     P("num_envs_per_worker", int, 2, "Envs per rollout worker", scope="train", min_value=1, max_value=4096),
     P("worker_num_splits", int, 2, "Groups the envs of a worker are split into (2 = double-buffered sampling)", scope="train",
       min_value=1, max_value=4096),
-    P("policy_workers_per_policy", int, 1, "Policy worker processes (batched inference)", scope="train", min_value=1, max_value=256),
+    P("policy_workers_per_policy", int, 1, "Policy worker processes (batched inference) of each policy", scope="train",
+      min_value=1, max_value=256),
+    # --- populations (Sample Factory paper, section 3.5 and appendix A.3.1) ---
+    P("num_policies", int, 1, "Policies trained together (a population): each has its own learner, policy workers, "
+      "weights and checkpoint_p{i}; agents are mapped to policies by --policy_mapping", min_value=1, max_value=64),
+    P("policy_mapping", str, "random", "random: each env draws a policy per agent, again every "
+      "--policy_resample_episodes episodes (the paper); fixed: agent a of env e is always played by policy "
+      "(e * agents_per_env + a) %% num_policies", choices=("random", "fixed"), scope="train"),
+    P("policy_resample_episodes", int, 10, "--policy_mapping random: episodes of an env between two draws of its "
+      "agents' policies (a change takes effect at each agent's next episode start)", scope="train", min_value=1,
+      max_value=10**9),
+    P("pbt_mix_policies_in_one_env", str2bool, True, "Agents of one env may be played by different policies (False: "
+      "every agent of an env by the same policy)", scope="train"),
+    P("with_pbt", str2bool, False, "Population-based training (needs --num_policies 2 or more): every "
+      "--pbt_period_env_steps the bottom 70%% of the policies mutate their hyperparameters, the worst 30%% copy the "
+      "weights and hyperparameters of one of the best 30%%; False: independent policies", scope="train"),
+    P("pbt_period_env_steps", int, 5_000_000, "PBT: env frames of a policy between two of its PBT decisions",
+      scope="train", min_value=1, max_value=10**15),
+    P("pbt_start_mutation", int, 20_000_000, "PBT: no decision before a policy trained on this many env frames",
+      scope="train", min_value=0, max_value=10**15),
+    P("pbt_replace_fraction", float, 0.3, "PBT: the best and the worst this fraction of the population (at least one "
+      "policy each); the worst copy from the best", scope="train", min_value=0.0, max_value=0.5),
+    P("pbt_mutation_rate", float, 0.15, "PBT: probability that each hyperparameter of a bottom policy mutates",
+      scope="train", min_value=0.0, max_value=1.0),
+    P("pbt_perturb_min", float, 1.2, "PBT: a mutation multiplies or divides by a factor drawn in [min, max] (the "
+      "paper: 1.2)", scope="train", min_value=1.0, max_value=100.0),
+    P("pbt_perturb_max", float, 1.2, "PBT: see --pbt_perturb_min", scope="train", min_value=1.0, max_value=100.0),
+    P("pbt_replace_reward_gap", float, 0.1, "PBT: no copy when the objectives differ by at most this fraction of the "
+      "better one's (or --pbt_replace_reward_gap_absolute, whichever is larger; the paper's duel rule: 0.35 absolute "
+      "win rate)", scope="train", min_value=0.0, max_value=1e6),
+    P("pbt_replace_reward_gap_absolute", float, 1e-6, "PBT: see --pbt_replace_reward_gap", scope="train",
+      min_value=0.0, max_value=1e12),
+    P("pbt_target_objective", str, "true_objective", "PBT: what ranks the policies (average over --stats_avg "
+      "episodes): true_objective = the win rate for envs that report wins (self-play), else the game score where "
+      "reported, else the reward", choices=("true_objective", "reward", "score", "win"), scope="train"),
     P("set_workers_cpu_affinity", str2bool, True, "Pin rollout workers to cores (round-robin)", scope="train"),
     P("num_traj_buffers", int, 0, "Trajectory buffer slots in shared memory (0: enough for all envs plus two training batches; "
       "--sync_mode hts/ppo always use two per env)",
@@ -349,6 +383,8 @@ PARAMS: list[Param] = [
     P("max_num_episodes", int, 1_000_000_000, "Stop after this many episodes", scope="enjoy", min_value=1, max_value=10**12),
     P("max_num_frames", int, 1_000_000_000, "Stop after this many env frames", scope="enjoy", min_value=1, max_value=10**15),
     P("eval_deterministic", str2bool, False, "Take the most likely action instead of sampling", scope="enjoy", nargs="?"),
+    P("policy_index", int, [0], "The policies that play (a population): agent a of a multi-agent env is played by the "
+      "a-th of them (cycling), a single-agent env by the first", scope="enjoy", nargs="+", min_value=0, max_value=63),
 ]
 del P
 
@@ -410,7 +446,6 @@ def _ignored(name, type, why, scope="train", nargs=None) -> SFFlag:
     return SFFlag(name, "ignored", why, type=type, nargs="?" if type is str2bool else nargs, scope=scope)
 
 
-_NO_PBT = "population-based training is not implemented (--with_pbt False)"
 _BUFFERS = "trajectory buffer slots are sized by --num_traj_buffers here"
 _DECORRELATE = "no start-up decorrelation delays here: envs are seeded apart"
 _INTERNALS = "a setting of Sample Factory's own processes; nothing to set here"
@@ -437,12 +472,11 @@ SF_FLAGS: list[SFFlag] = [
     # --- selects something: what we do is accepted, anything else refused ---
     _only("algo", str, ("APPO",), "only APPO is implemented here (a sampling benchmark: --sampler_only True or "
           "--random_policy True)"),
-    _only("num_policies", int, (1,), "populations are not implemented yet: one policy (--num_policies 1)"),
-    _only("with_pbt", str2bool, (False,), "population-based training is not implemented yet (--with_pbt False)"),
-    _only("policy_index", int, (0,), "one policy per experiment here (populations are not implemented yet): "
-          "--policy_index 0", scope="enjoy"),
-    _only("num_agents", int, (-1, 1), "multi-agent envs (Doom self-play) are not implemented: one agent per env "
-          "(-1 or 1)"),
+    _only("num_agents", int, (-1, 1), "the env decides how many agents it hosts (doom_duel: 2): -1 (or 1)"),
+    _only("pbt_optimize_batch_size", str2bool, (False,), "PBT mutates the learning rate, entropy coefficient, Adam "
+          "beta1 and reward shaping here, not the batch size"),
+    _only("pbt_optimize_gamma", str2bool, (False,), "PBT mutates the learning rate, entropy coefficient, Adam beta1 "
+          "and reward shaping here, not gamma"),
     _only("num_humans", int, (0,), "human players are not implemented (0)"),
     _only("start_bot_difficulty", _opt_int, (None,), "Sample Factory's adaptive bot difficulty is not implemented; "
           "the bots' fixed skill is --doom_bots_difficulty (0-100)"),
@@ -522,18 +556,6 @@ SF_FLAGS: list[SFFlag] = [
     _ignored("cpc_forward_steps", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
     _ignored("cpc_time_subsample", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
     _ignored("cpc_forward_subsample", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
-    _ignored("pbt_mix_policies_in_one_env", str2bool, _NO_PBT),
-    _ignored("pbt_period_env_steps", int, _NO_PBT),
-    _ignored("pbt_start_mutation", int, _NO_PBT),
-    _ignored("pbt_replace_fraction", float, _NO_PBT),
-    _ignored("pbt_mutation_rate", float, _NO_PBT),
-    _ignored("pbt_replace_reward_gap", float, _NO_PBT),
-    _ignored("pbt_replace_reward_gap_absolute", float, _NO_PBT),
-    _ignored("pbt_optimize_batch_size", str2bool, _NO_PBT),
-    _ignored("pbt_optimize_gamma", str2bool, _NO_PBT),
-    _ignored("pbt_target_objective", str, _NO_PBT),
-    _ignored("pbt_perturb_min", float, _NO_PBT),
-    _ignored("pbt_perturb_max", float, _NO_PBT),
     _ignored("hf_repository", _opt_str, _HUB, scope="enjoy"),
     _ignored("train_script", _opt_str, _HUB, scope="enjoy"),
     _ignored("enjoy_script", _opt_str, _HUB, scope="enjoy"),
@@ -974,6 +996,9 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
             notes.append(f"--num_envs_per_worker {envs} (the default {values['num_envs_per_worker']} spread over "
                          f"{values['num_workers']} rollout workers on {os.cpu_count()} cores; set it to override)")
             values["num_envs_per_worker"] = envs
+    if mode == "train" and values["with_pbt"] and values["num_policies"] < 2:
+        notes.append(f"--with_pbt True with --num_policies {values['num_policies']}: population-based training needs "
+                     "2 or more policies; nothing to do")
     if mode == "train" and values["seed"] is None:  # every run is reproducible from its config.json
         values["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         notes.append(f"--seed {values['seed']} (drawn at random; config.json keeps it)")
@@ -1034,6 +1059,12 @@ def verify(cfg, mode: str = "train") -> None:
             raise ConfigError(f"--sync_mode {cfg.sync_mode}: a training batch is one --rollout of every env "
                               f"({cfg.num_workers} x {cfg.num_envs_per_worker} x {cfg.rollout} = {per_batch} samples); "
                               f"--batch_size ({cfg.batch_size}) must divide it (or be at least {per_batch})")
+    if mode == "train" and cfg.num_policies > 1 and cfg.sync_mode != "async":
+        raise ConfigError(f"--sync_mode {cfg.sync_mode} trains one policy; a population (--num_policies "
+                          f"{cfg.num_policies}) needs --sync_mode async")
+    if mode == "train" and cfg.pbt_perturb_min > cfg.pbt_perturb_max:
+        raise ConfigError(f"--pbt_perturb_min ({cfg.pbt_perturb_min}) must be at most --pbt_perturb_max "
+                          f"({cfg.pbt_perturb_max})")
     if cfg.use_rnn and cfg.rollout % cfg.recurrence:
         raise ConfigError(f"--recurrence ({cfg.recurrence}) must divide --rollout ({cfg.rollout})")
     if mode == "train" and cfg.num_traj_buffers and cfg.sync_mode == "async":  # (hts/ppo: two slots per env)
@@ -1074,17 +1105,22 @@ def resolve_device(cfg) -> str:
 
 
 def save_cfg(cfg, exp_dir: Path) -> Path:
-    """Write the resolved configuration as exp_dir/config.json, atomically: a temporary file in exp_dir is
-    written, flushed and fsynced, then renamed over config.json, then the directory is fsynced; the temporary
-    file is removed on failure. Creates exp_dir if needed. Call it only after every check has passed.
-    An OS error raises RunError (one line naming the file and the error)."""
-    exp_dir = Path(exp_dir)
-    path = exp_dir / "config.json"
+    """Write the resolved configuration as exp_dir/config.json, atomically (write_json_atomic). Creates exp_dir if
+    needed. Call it only after every check has passed. An OS error raises RunError (one line naming the file)."""
     values = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}  # parameters only (not cfg._notes)
-    data = json.dumps(values, indent=2, sort_keys=True, allow_nan=False) + "\n"  # fails before touching disk
-    tmp = exp_dir / f".config.json.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    return write_json_atomic(Path(exp_dir) / "config.json", values)
+
+
+def write_json_atomic(path: Path, obj) -> Path:
+    """Write `obj` as JSON to `path` atomically: a temporary file in the same directory is written, flushed and
+    fsynced, then renamed over `path`, then the directory is fsynced; the temporary file is removed on failure. Creates
+    the directory if needed. An OS error raises RunError (one line naming the file and the error)."""
+    path = Path(path)
+    directory = path.parent
+    data = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"  # fails before touching disk
+    tmp = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        exp_dir.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -1098,7 +1134,7 @@ def save_cfg(cfg, exp_dir: Path) -> Path:
             except OSError:
                 pass
             raise
-        _fsync_dir(exp_dir)
+        _fsync_dir(directory)
     except OSError as e:
         raise RunError(f"cannot write {path}: {e.strerror or e}") from None
     return path

@@ -3,6 +3,11 @@
 Loads the experiment's saved configuration (command-line flags override it) and its latest or best
 checkpoint; carries the recurrent state across steps and resets it between episodes.
 
+A population (--num_policies N in the saved configuration) plays a match between the policies of --policy_index: agent a
+of a multi-agent env (doom_duel, test_race) is played by the a-th of them (cycling through the list), a single-agent env
+by the first. Each agent's episodes are printed with the policy that played them, and a summary per policy at the end;
+the video of a multi-agent Doom match shows every player's view side by side.
+
 --save_video writes an H.264 .mp4 (yuv420p, +faststart: plays in browsers) of the env's rendered frames at their
 resolution, and with --video_gif an animated GIF beside it (VideoWriter, PyAV). A bad video path is a one-line
 ConfigError before the env starts; the files appear under their final names only once complete.
@@ -34,19 +39,20 @@ def _check_experiment_dir(cfg) -> Path:
     return exp_dir
 
 
-def load_policy(cfg, obs_space, action_space, device):
-    """Model with the requested checkpoint's weights; one-line ConfigError for every user-side problem."""
+def load_policy(cfg, obs_space, action_space, device, policy_id: int = 0):
+    """Model with policy `policy_id`'s requested checkpoint's weights; one-line ConfigError for every user-side
+    problem."""
     from sf.learning.learner import checkpoint_meta
     from sf.model.actor_critic import create_actor_critic
     from sf.learning.checkpoint import CheckpointError, CheckpointManager, check_compatible, load_into
     exp_dir = _check_experiment_dir(cfg)
     model = create_actor_critic(cfg, obs_space, action_space).to(device).eval()
     try:
-        state = CheckpointManager(exp_dir, policy_id=0).load(cfg.load_checkpoint_kind, map_location=device)
+        ckpt_dir = exp_dir / f"checkpoint_p{policy_id}"
+        state = CheckpointManager(exp_dir, policy_id=policy_id).load(cfg.load_checkpoint_kind, map_location=device)
         if state is None:
-            raise ConfigError(f"no {cfg.load_checkpoint_kind} checkpoint in {exp_dir / 'checkpoint_p0'}; train first")
-        check_compatible(state["meta"], checkpoint_meta(cfg, obs_space, action_space, model),
-                         state.get("path", exp_dir / "checkpoint_p0"))
+            raise ConfigError(f"no {cfg.load_checkpoint_kind} checkpoint in {ckpt_dir}; train first")
+        check_compatible(state["meta"], checkpoint_meta(cfg, obs_space, action_space, model), state.get("path", ckpt_dir))
         load_into(model, None, state)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
@@ -298,50 +304,86 @@ def run_enjoy(cfg) -> int:
     return 0
 
 
+def check_policy_index(cfg) -> None:
+    """--policy_index names policies of the experiment's population (one line otherwise)."""
+    bad = [p for p in cfg.policy_index if p >= cfg.num_policies]
+    if bad:
+        have = "policy 0" if cfg.num_policies == 1 else f"policies 0-{cfg.num_policies - 1}"
+        raise ConfigError(f"--policy_index {' '.join(map(str, cfg.policy_index))}: the experiment has {have} "
+                          f"(--num_policies {cfg.num_policies})")
+
+
 def _play(cfg, spec, device, video):
-    """The episodes: (episode rewards, episode lengths, env frames). Ctrl-C stops early and keeps what was played."""
+    """The episodes: (agent 0's episode rewards, their lengths, env frames). Ctrl-C stops early and keeps what was
+    played. Every agent of a multi-agent env is played by its policy of --policy_index (see the module docstring)."""
     import torch
     from sf_envs.registry import make_env
+    check_policy_index(cfg)
     try:
         env = make_env(cfg, env_index=0, render_mode=_render_mode(cfg))
     except (ImportError, FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+    multi = bool(getattr(env, "is_multiagent", False))
+    num_agents = env.num_agents if multi else 1
+    players = [cfg.policy_index[a % len(cfg.policy_index)] for a in range(num_agents)]  # agent -> policy
     rewards, lengths = [], []
+    per_policy: dict[int, list[dict]] = {p: [] for p in players}
     frames = 0
     try:
-        model, state = load_policy(cfg, env.observation_space, env.action_space, device)
-        print(f"Loaded {cfg.load_checkpoint_kind} checkpoint: policy version {state['policy_version']}, "
-              f"{state['env_steps']} env frames")
-        rnn = torch.zeros((1, model.rnn_state_size), device=device)
+        models = {}
+        for p in dict.fromkeys(players):
+            models[p], state = load_policy(cfg, env.observation_space, env.action_space, device, p)
+            who = f"policy {p}: " if cfg.num_policies > 1 else ""
+            print(f"Loaded {cfg.load_checkpoint_kind} checkpoint: {who}policy version {state['policy_version']}, "
+                  f"{state['env_steps']} env frames")
+        rnn = [torch.zeros((1, models[p].rnn_state_size), device=device) for p in players]
         obs, _ = env.reset(seed=cfg.seed)
+        obs = obs if multi else [obs]
         while len(rewards) < cfg.max_num_episodes and frames < cfg.max_num_frames:
             if video is not None and video.frames < cfg.video_frames:
                 video.add(env.render())
+            actions = []
             with torch.inference_mode():
-                obs_t = {k: torch.as_tensor(np.asarray(v)).unsqueeze(0).to(device) for k, v in obs.items()}
-                out = model.forward_step(obs_t, rnn)
-                dist = model.action_distribution(out.action_logits)
-                action = (dist.mode() if cfg.eval_deterministic else dist.sample())[0].cpu().numpy()
-                rnn = out.new_rnn_states
-            if action.shape == (1,) and env.action_space.shape == ():
-                action = action[0]
-            obs, reward, terminated, truncated, info = env.step(action)
+                for a, p in enumerate(players):
+                    obs_t = {k: torch.as_tensor(np.asarray(v)).unsqueeze(0).to(device) for k, v in obs[a].items()}
+                    out = models[p].forward_step(obs_t, rnn[a])
+                    dist = models[p].action_distribution(out.action_logits)
+                    action = (dist.mode() if cfg.eval_deterministic else dist.sample())[0].cpu().numpy()
+                    rnn[a] = out.new_rnn_states
+                    actions.append(action[0] if action.shape == (1,) and env.action_space.shape == () else action)
+            if multi:
+                obs, _, terminated, truncated, infos = env.step(actions)
+            else:
+                o, r, te, tr, info = env.step(actions[0])
+                obs, terminated, truncated, infos = [o], [te], [tr], [info]
             frames += spec.frameskip
             if _render_mode(cfg) == "human" and cfg.fps:
                 time.sleep(1.0 / cfg.fps)
-            if terminated or truncated:
-                if "episode" in info:  # every env reports real episode ends (not Atari life losses) here
-                    ep = info["episode"]
-                    rewards.append(float(ep["reward"]))
-                    lengths.append(int(ep["length"]))
-                    extra = f", score {ep['score']:.2f}" if "score" in ep else ""
-                    print(f"Episode {len(rewards)}: reward {rewards[-1]:.3f}, length {lengths[-1]} frames{extra}")
-                rnn = torch.zeros_like(rnn)
-                obs, _ = env.reset()
+            for a, p in enumerate(players):
+                if not (terminated[a] or truncated[a]):
+                    continue
+                rnn[a] = torch.zeros_like(rnn[a])
+                if "episode" in infos[a]:  # every env reports real episode ends (not Atari life losses) here
+                    ep = infos[a]["episode"]
+                    per_policy[p].append(ep)
+                    if a == 0:
+                        rewards.append(float(ep["reward"]))
+                        lengths.append(int(ep["length"]))
+                    extra = "".join(f", {k} {ep[k]:.2f}" for k in ("score", "win") if k in ep)
+                    who = f" (agent {a}, policy {p})" if multi or cfg.num_policies > 1 else ""
+                    print(f"Episode {len(per_policy[p])}{who}: reward {float(ep['reward']):.3f}, length "
+                          f"{int(ep['length'])} frames{extra}")
+            if not multi and (terminated[0] or truncated[0]):
+                obs = [env.reset()[0]]
     except KeyboardInterrupt:
         pass
     finally:
         env.close()
+    if len(per_policy) > 1:
+        for p, eps in per_policy.items():
+            if eps:
+                extra = "".join(f", {k} mean {np.mean([e[k] for e in eps]):.2f}" for k in ("score", "win") if k in eps[0])
+                print(f"Policy {p}: {len(eps)} episodes, reward mean {np.mean([e['reward'] for e in eps]):.3f}{extra}")
     return rewards, lengths, frames
 
 

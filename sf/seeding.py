@@ -6,6 +6,8 @@
     POLICY_WORKER   each policy worker (index)      action sampling in async mode
     ACTION_NOISE    each env (global env index)     action sampling in hts/ppo modes: one noise vector per
                                                     observation, drawn by the env's rollout worker
+    POLICY_MAPPING  each rollout worker (index)     which policy plays which agent (--policy_mapping random)
+    PBT             the runner                      population-based training's mutations and choices of source
     Envs keep their own seeds (sf_envs.utils.derive_seed of the seed and the global env index).
 
 Seeds are mixed with numpy's SeedSequence, so nearby streams and nearby seeds are unrelated.
@@ -16,7 +18,7 @@ import os
 
 import numpy as np
 
-MODEL, MINIBATCH, POLICY_WORKER, ACTION_NOISE = 1, 2, 3, 4
+MODEL, MINIBATCH, POLICY_WORKER, ACTION_NOISE, POLICY_MAPPING, PBT = 1, 2, 3, 4, 5, 6
 
 
 def run_seed(cfg) -> int:

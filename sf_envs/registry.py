@@ -50,6 +50,9 @@ def _doom_specs() -> dict[str, EnvSpec]:
 
     def factory_for(sc):
         def factory(cfg, env_index=0, render_mode=None):
+            if sc.num_agents > 1:  # a multiplayer match: one engine per learning agent
+                from sf_envs.doom.doom_multiplayer import DoomMultiplayerEnv
+                return DoomMultiplayerEnv(sc, cfg, env_index, render_mode)
             from sf_envs.doom.doom_env import DoomEnv
             return DoomEnv(sc, cfg, env_index, render_mode)
         return factory
@@ -60,8 +63,8 @@ def _doom_specs() -> dict[str, EnvSpec]:
             scenario_path(sc, cfg)
         return check
 
-    return {sc.name: EnvSpec(sc.name, "doom", sc.frameskip, sc.gamma, sc.description, factory=factory_for(sc),
-                             check=check_for(sc)) for sc in SCENARIOS}
+    return {sc.name: EnvSpec(sc.name, "doom", sc.frameskip, sc.gamma, sc.description, num_agents=sc.num_agents,
+                             factory=factory_for(sc), check=check_for(sc)) for sc in SCENARIOS}
 
 
 def _atari_specs() -> dict[str, EnvSpec]:
@@ -103,11 +106,14 @@ def _test_specs() -> dict[str, EnvSpec]:
 
     def factory_for(cls):
         def factory(cfg, env_index=0, render_mode=None):
+            if getattr(cls, "NUM_AGENTS", 1) > 1:  # multi-agent: reports each agent's episodes itself
+                return cls(cfg, env_index, render_mode)
             from sf_envs.episode_stats import EpisodeStatistics
             return EpisodeStatistics(cls(cfg, env_index, render_mode))  # info["episode"] (frameskip 1)
         return factory
 
-    return {name: EnvSpec(name, "test", 1, None, cls.__doc__.strip().splitlines()[0], factory=factory_for(cls))
+    return {name: EnvSpec(name, "test", 1, None, cls.__doc__.strip().splitlines()[0],
+                          num_agents=getattr(cls, "NUM_AGENTS", 1), factory=factory_for(cls))
             for name, cls in TEST_ENVS.items()}
 
 

@@ -6,6 +6,11 @@
 | test_image    | uint8 [3, 36, 48]     | MultiDiscrete([3, 2]) | 16 steps        | 16.0           | 6.67          |
 | test_box      | float32 [2]           | Box(-1, 1, (1,))      | 16 steps        | 16.0           | 5.33          |
 | test_memory   | float32 [4]           | Discrete(2)           | 6 steps         | 1.0            | 0.5 (also any memoryless policy) |
+| test_race     | float32 [20], 2 agents| Discrete(3) each      | <= 50 steps     | 0.92 each      | about -0.26 each |
+
+test_race is the multi-agent env of the contract (docs/architecture.md): lists in and out, per-agent dones, each
+agent's episode its own (an agent that reaches the goal starts its next episode while the other plays on), auto-reset,
+infos[i]["final_obs"] when an agent's episode is cut by the time limit, infos[i]["episode"] per agent.
 
 All are deterministic given the seed of reset() (or, when reset() gets none, the seed derived from
 cfg.seed and env_index; unseeded when cfg.seed is None) and cost microseconds per step. make_env wraps them in
@@ -203,4 +208,70 @@ class TestMemory(_TestEnv):
         return img
 
 
-TEST_ENVS = {"test_corridor": TestCorridor, "test_image": TestImage, "test_box": TestBox, "test_memory": TestMemory}
+class TestRace(gym.Env):
+    """Two agents race down corridors side by side (multi-agent); each episode ends at its agent's own goal.
+
+    Each agent walks its own 10-cell corridor as in test_corridor (0 left, 1 stay, 2 right; -0.01 per step, +1.0 at
+    cell 9; truncated after 50 steps) and sees [its own cell one-hot, the other agent's cell one-hot]. An agent's
+    episode ends when it reaches the goal: it starts its next episode at once, while the other agent plays on. Optimal
+    return 0.92 per agent. info["episode"] also has "win": 1.0 if the agent reached the goal in fewer steps than the
+    other agent took in its last finished episode (0.0 otherwise, and for an agent cut by the time limit).
+    """
+
+    __test__ = False
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+    NUM_AGENTS, N, MAX_STEPS = 2, 10, 50
+    OPTIMAL_RETURN = TestCorridor.OPTIMAL_RETURN
+
+    def __init__(self, cfg=None, env_index: int = 0, render_mode: Optional[str] = None):
+        self.render_mode = render_mode
+        self.num_agents, self.is_multiagent = self.NUM_AGENTS, True
+        self.observation_space = gym.spaces.Dict(obs=gym.spaces.Box(0.0, 1.0, (2 * self.N,), np.float32))
+        self.action_space = gym.spaces.Discrete(3)
+        self._first_seed = derive_seed(cfg_seed(cfg), env_index)
+        self.pos = [0] * self.NUM_AGENTS
+        self.steps = [0] * self.NUM_AGENTS
+        self.returns = [0.0] * self.NUM_AGENTS
+        self.last_length = [self.MAX_STEPS] * self.NUM_AGENTS
+
+    def _obs(self, i: int) -> dict:
+        o = np.zeros(2 * self.N, np.float32)
+        o[self.pos[i]] = 1.0
+        o[self.N + self.pos[1 - i]] = 1.0
+        return {"obs": o}
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed if seed is not None else self._first_seed)
+        self._first_seed = None
+        self.pos, self.steps, self.returns = [0, 0], [0, 0], [0.0, 0.0]
+        return [self._obs(i) for i in range(self.NUM_AGENTS)], [{} for _ in range(self.NUM_AGENTS)]
+
+    def step(self, actions):
+        rewards, terminated, truncated, infos = [0.0, 0.0], [False, False], [False, False], [{}, {}]
+        for i, a in enumerate(actions):
+            self.pos[i] = min(max(self.pos[i] + int(np.asarray(a).reshape(-1)[0]) - 1, 0), self.N - 1)
+            self.steps[i] += 1
+            terminated[i] = self.pos[i] == self.N - 1
+            rewards[i] = TestCorridor.GOAL_REWARD if terminated[i] else TestCorridor.STEP_REWARD
+            truncated[i] = not terminated[i] and self.steps[i] >= self.MAX_STEPS
+            self.returns[i] += rewards[i]
+        obs = [self._obs(i) for i in range(self.NUM_AGENTS)]
+        for i in range(self.NUM_AGENTS):
+            if terminated[i] or truncated[i]:
+                win = float(terminated[i] and self.steps[i] < self.last_length[1 - i])
+                infos[i]["episode"] = {"reward": self.returns[i], "length": self.steps[i], "win": win}
+                if truncated[i]:
+                    infos[i]["final_obs"] = obs[i]
+                self.last_length[i] = self.steps[i] if terminated[i] else self.MAX_STEPS
+                self.pos[i], self.steps[i], self.returns[i] = 0, 0, 0.0  # this agent's next episode starts now
+        return [self._obs(i) for i in range(self.NUM_AGENTS)], rewards, terminated, truncated, infos
+
+    def render(self):
+        img = np.zeros((16, 8 * self.N, 3), np.uint8)
+        for i in range(self.NUM_AGENTS):
+            img[8 * i:8 * i + 8, 8 * self.pos[i]:8 * self.pos[i] + 8] = (220, 220, 220)
+        return img
+
+
+TEST_ENVS = {"test_corridor": TestCorridor, "test_image": TestImage, "test_box": TestBox, "test_memory": TestMemory,
+             "test_race": TestRace}

@@ -33,7 +33,7 @@ SF2_VIZDOOM = [
     "--num_workers=72 --num_envs_per_worker=24 --num_policies=1 --batch_size=8192 --wide_aspect_ratio=False "
     "--experiment=doom_battle_appo_w72_v24 --policy_workers_per_policy=2",
 ]
-# same page: population-based training (8 policies) and self-play: refused (populations are not implemented yet)
+# same page: population-based training (8 policies) and self-play (issue 16)
 SF2_VIZDOOM_PBT = [
     "python -m sf_examples.vizdoom.train_vizdoom --env=doom_duel_bots --train_for_seconds=360000 --algo=APPO "
     "--gamma=0.995 --env_frameskip=2 --use_rnn=True --reward_scale=0.5 --num_workers=72 --num_envs_per_worker=32 "
@@ -114,12 +114,14 @@ SF1_README = [
     "--batch_size=4096 --experiment=doom_battle_appo_fps_20_32 --res_w=128 --res_h=72 --wide_aspect_ratio=False "
     "--policy_workers_per_policy=2 --worker_num_splits=2",
 ]
-SF1_README_REFUSED = [
+SF1_README_PBT = [
     "python -m algorithms.appo.train_appo --env=doom_duel_bots --train_for_seconds=360000 --algo=APPO --gamma=0.995 "
     "--env_frameskip=2 --use_rnn=True --reward_scale=0.5 --num_workers=72 --num_envs_per_worker=32 --num_policies=8 "
     "--ppo_epochs=1 --rollout=32 --recurrence=32 --batch_size=2048 --benchmark=False --res_w=128 --res_h=72 "
     "--wide_aspect_ratio=False --pbt_replace_reward_gap=0.2 --pbt_replace_reward_gap_absolute=3.0 "
     "--pbt_period_env_steps=5000000 --save_milestones_sec=1800 --with_pbt=True --experiment=doom_duel_bots",
+]
+SF1_README_REFUSED = [
     "python -m algorithms.appo.train_appo --env=dmlab_30 --train_for_seconds=3600000 --algo=APPO --gamma=0.99 "
     "--use_rnn=True --num_workers=90 --num_envs_per_worker=12 --ppo_epochs=1 --rollout=32 --recurrence=32 "
     "--batch_size=2048 --benchmark=False --ppo_epochs=1 --max_grad_norm=0.0 --dmlab_renderer=software "
@@ -140,8 +142,8 @@ ISSUE = ["python train.py --env=doom_battle --algo=APPO --env_frameskip=4 --use_
          "--wide_aspect_ratio=False --num_workers=20 --num_envs_per_worker=20 --num_policies=1 "
          "--experiment=doom_battle_w20_v20"]
 
-ACCEPTED = SF2_VIZDOOM + SF2_ATARI + SF2_BASIC + SF1_README + ISSUE
-REFUSED = SF2_VIZDOOM_PBT + SF2_DMLAB_PBT + SF2_HF + SF1_README_REFUSED
+ACCEPTED = SF2_VIZDOOM + SF2_VIZDOOM_PBT + SF2_ATARI + SF2_BASIC + SF1_README + SF1_README_PBT + ISSUE
+REFUSED = SF2_DMLAB_PBT + SF2_HF + SF1_README_REFUSED  # ResNet encoders, DMLab's objective, Hub uploads, DUMMY_SAMPLER
 PARAMS = {p.name: p for p in all_params()}
 ALIASES = {f.name: f for f in SF_FLAGS if f.kind == "alias"}
 
@@ -178,26 +180,26 @@ def test_issue_command_values_and_notes(tmp_path):
     cfg = parse_cfg(args)
     assert (cfg.env, cfg.env_frameskip, cfg.use_rnn, cfg.batch_size) == ("doom_battle", 4, True, 2048)
     assert (cfg.num_workers, cfg.num_envs_per_worker, cfg.experiment) == (20, 20, "doom_battle_w20_v20")
-    assert not hasattr(cfg, "algo") and not hasattr(cfg, "wide_aspect_ratio") and not hasattr(cfg, "num_policies")
+    assert not hasattr(cfg, "algo") and not hasattr(cfg, "wide_aspect_ratio") and cfg.num_policies == 1
     assert any(n.startswith("--wide_aspect_ratio False: ") for n in cfg._notes), cfg._notes
 
 
 @pytest.mark.parametrize("command", REFUSED)
-def test_documented_commands_selecting_populations_are_one_line(command, tmp_path):
+def test_documented_commands_selecting_what_is_not_implemented_are_one_line(command, tmp_path):
     args, mode = _split(command, tmp_path)
     with pytest.raises(ConfigError) as e:
         parse_cfg(args, mode=mode)
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg.startswith(("--num_policies ", "--with_pbt ", "--algo ", "--push_to_hub ", "--encoder_")), msg
+    assert msg.startswith(("--algo ", "--push_to_hub ", "--encoder_", "--pbt_target_objective ")), msg
 
 
-def test_pbt_command_names_every_refused_flag(tmp_path):
-    args, _ = _split(SF2_VIZDOOM_PBT[0], tmp_path)
-    with pytest.raises(ConfigError) as e:
-        parse_cfg(args)
-    assert str(e.value).startswith("--num_policies 8: populations are not implemented yet")
-    assert "; --with_pbt True: population-based training is not implemented yet" in str(e.value)
+def test_pbt_command_lands_on_the_population_parameters(tmp_path):
+    args, _ = _split(SF2_VIZDOOM_PBT[2], tmp_path)  # the self-play duel of the paper
+    cfg = parse_cfg(args)
+    assert (cfg.env, cfg.num_policies, cfg.with_pbt, cfg.pbt_period_env_steps) == ("doom_duel", 8, True, 5_000_000)
+    assert (cfg.pbt_replace_reward_gap, cfg.pbt_replace_reward_gap_absolute) == (0.5, 0.35)
+    assert cfg.pbt_start_mutation == 100_000_000
 
 
 # --- aliases ----------------------------------------------------------------------------------------------------

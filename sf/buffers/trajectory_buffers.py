@@ -9,6 +9,9 @@ Storage layout (see docs/architecture.md), N = number of trajectory slots, T = -
     log_probs         [N, T]                float32                    policy worker
     values            [N, T]                float32                    policy worker
     policy_versions   [N, T]                int64                      policy worker
+    policy_ids        [N, T]                int8                       policy worker: the policy that acted (a slot
+                                                                         belongs to one policy's learner, which masks
+                                                                         steps another policy acted, see rollout_worker)
     rewards           [N, T]                float32                    rollout worker
     dones             [N, T]                float32                    rollout worker (terminated or truncated)
     truncated         [N, T]                float32                    rollout worker (cut by a time limit)
@@ -54,6 +57,7 @@ class TrajectoryBuffers:
         self.log_probs = torch.empty((n, t), dtype=torch.float32)
         self.values = torch.empty((n, t), dtype=torch.float32)
         self.policy_versions = torch.empty((n, t), dtype=torch.int64)
+        self.policy_ids = torch.empty((n, t), dtype=torch.int8)
         self.rewards = torch.empty((n, t), dtype=torch.float32)
         self.dones = torch.empty((n, t), dtype=torch.float32)
         self.truncated = torch.empty((n, t), dtype=torch.float32)
@@ -69,6 +73,7 @@ class TrajectoryBuffers:
         """Name -> tensor for everything except observations."""
         return dict(rnn_states=self.rnn_states, actions=self.actions, action_logits=self.action_logits,
                     log_probs=self.log_probs, values=self.values, policy_versions=self.policy_versions,
+                    policy_ids=self.policy_ids,
                     rewards=self.rewards, dones=self.dones, truncated=self.truncated, action_noise=self.action_noise,
                     final_rnn=self.final_rnn, final_t=self.final_t)
 
@@ -102,7 +107,7 @@ class TrajectoryBuffers:
     def bytes_needed(num_slots: int, rollout: int, obs_space, action_space, rnn_state_size: int) -> int:
         per_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
         per_step += 4 * rnn_state_size + 8 * int(np.prod(action_shape(action_space)))
-        per_step += 4 * num_action_logits(action_space) + 4 * 5 + 8 + 4 * int(np.prod(action_shape(action_space)))
+        per_step += 4 * num_action_logits(action_space) + 4 * 5 + 8 + 1 + 4 * int(np.prod(action_shape(action_space)))
         per_slot = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
         per_slot += 4 * rnn_state_size + 8  # final_obs, final_rnn, final_t
         return num_slots * ((rollout + 1) * per_step + per_slot)

@@ -7,7 +7,8 @@ docs/architecture.md (`N` trajectories of `T` steps, slot `T` holding the state 
     shuffled; a single minibatch is used in place, without a copy):
         logits, values = model.forward_sequence(obs [n, T+1], ...)      # one encoder call, RNN over time
         -> time-major [T(+1), n] (a free transpose: the model's outputs are time-major underneath)
-        lag = version - policy_versions; valid = lag <= cfg.max_policy_lag (async mode; hts/ppo bound the lag)
+        lag = version - policy_versions; valid = lag <= cfg.max_policy_lag (async mode; hts/ppo bound the lag),
+        and, in a population, only steps this policy acted (mb["own"] [n, T], from the learner)
         values of step T (learner's own weights) bootstrap V-trace (IMPALA) or GAE; a step whose episode was
         truncated (time limit) is bootstrapped from the value of its final observation (final_obs)
         loss = PPO clipped surrogate + value_loss_coeff * clipped value loss - entropy bonus (masked means)
@@ -38,8 +39,9 @@ STAT_KEYS = ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "c
 
 
 class APPO:
-    def __init__(self, model: torch.nn.Module, cfg, device):
+    def __init__(self, model: torch.nn.Module, cfg, device, policy_id: int = 0):
         self.model, self.cfg, self.device = model, cfg, torch.device(device)
+        self.exploration_loss_coeff = cfg.exploration_loss_coeff
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                           eps=getattr(cfg, "adam_eps", 1e-6))
@@ -47,7 +49,14 @@ class APPO:
         self.num_minibatches = sync_minibatches(cfg) if sync else int(cfg.num_batches_per_epoch)
         self.max_policy_lag = float("inf") if sync else cfg.max_policy_lag
         self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(stream_seed(run_seed(cfg), MINIBATCH))
+        self.generator.manual_seed(stream_seed(run_seed(cfg), MINIBATCH, *((policy_id,) if policy_id else ())))
+
+    def set_hyperparams(self, learning_rate: float, exploration_loss_coeff: float, adam_beta1: float) -> None:
+        """Population-based training's mutations, applied from the next SGD step on."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+            group["betas"] = (adam_beta1, group["betas"][1])
+        self.exploration_loss_coeff = exploration_loss_coeff
 
     # --- one SGD step ---
     def _sgd_step(self, mb: dict, version: int) -> tuple[dict, bool]:
@@ -57,8 +66,13 @@ class APPO:
         num = float(n * t_len)
         lag = version - mb["policy_versions"].t()  # [T, n]
         valid = lag <= self.max_policy_lag
-        num_valid = valid.sum()
+        own = mb.get("own")  # [n, T] bool, populations: steps this policy acted (others are masked, lag unknown)
         lag_f = lag.to(torch.float32)
+        if own is not None:
+            own = own.t()
+            valid = valid & own
+            lag_f = lag_f[own] if bool(own.any()) else lag_f
+        num_valid = valid.sum()
         lag_stats = torch.stack([lag_f.min(), lag_f.mean(), lag_f.max(), num_valid.float()]).tolist()
         if lag_stats[3] == 0:  # every sample too old: nothing to learn, no forward, no step, no new version
             return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False
@@ -103,7 +117,7 @@ class APPO:
 
         terms = appo_loss(log_probs, behavior_log_probs, advantages, values[:t_len], behavior_values, targets, entropy,
                           valid, clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
-                          value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=cfg.exploration_loss_coeff,
+                          value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=self.exploration_loss_coeff,
                           normalize_advantage=cfg.normalize_advantage)
 
         self.optimizer.zero_grad(set_to_none=True)

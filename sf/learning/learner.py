@@ -16,10 +16,19 @@ Weights change for the actors only at these batch boundaries, and a --train_for_
 after the batch that reaches it: the same seed and config give the same weights.
 
 The learner owns the model and optimizer, so it also writes the checkpoints (periodic, best, final).
+
+Populations (--num_policies N): one learner per policy, each with its own queue, weights, counters (row `policy_id` of
+SharedState.learner) and checkpoint_p{policy_id}. A slot may hold steps another policy acted (an agent changed policy at
+an episode start inside the trajectory): they are masked out of the loss (policy_ids != policy_id). Before each training
+batch the learner applies its policy's hyperparameters from SharedState.hyperparams and, when population-based training
+asks it (SharedState.replace_from), copies another policy's published weights (its Adam moments are reset: they were
+estimated for other weights); its version goes on counting up, so policy workers pick the copy up at once.
 """
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import os
 import queue
 import threading
@@ -31,7 +40,7 @@ from sf.learning.appo import APPO
 from sf.learning.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
                                     restore_rng_states, weights_sha256)
 from sf.model.actor_critic import create_actor_critic
-from sf.processes.shared_state import ENV_STEPS, FINISHED, VERSION
+from sf.processes.shared_state import ENV_STEPS, FINISHED, HYPERPARAMS, VERSION, learner_name
 from sf.seeding import MODEL, deterministic_kernels, run_seed, stream_seed
 
 log = logging.getLogger("sf.learner")
@@ -45,22 +54,26 @@ def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
 
 class Learner:
     def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                 frameskip: int):
-        """frameskip: env frames per env step (the env's spec: the learner counts frames, it knows no env)."""
+                 frameskip: int, num_agents: int = 1, policy_id: int = 0, all_weights: list | None = None):
+        """frameskip: env frames per env step, num_agents: agents per env (the env's spec: the learner counts frames,
+        it knows no env). queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies)."""
         self.cfg, self.buffers, self.q = cfg, buffers, queues
+        self.policy_id, self.all_weights = policy_id, all_weights or [shared_weights]
+        self.population = getattr(cfg, "num_policies", 1) > 1
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
-        self.heartbeat = shared_state.heartbeat_slot("learner")
+        self.heartbeat = shared_state.heartbeat_slot(learner_name(policy_id, shared_state.num_policies))
         if getattr(cfg, "sync_mode", "async") != "async":
             deterministic_kernels(self.device)
-        torch.manual_seed(stream_seed(run_seed(cfg), MODEL))  # initial weights
+        index = (policy_id,) if policy_id else ()  # policy 0: the one-policy run's streams; others: their own
+        torch.manual_seed(stream_seed(run_seed(cfg), MODEL, *index))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
-        self.appo = APPO(self.model, cfg, self.device)
+        self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
-        self.checkpoints = CheckpointManager(exp_dir, policy_id=0, keep_checkpoints=cfg.keep_checkpoints,
+        self.checkpoints = CheckpointManager(exp_dir, policy_id=policy_id, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric)
         self.frames_per_traj = cfg.rollout * frameskip
         self.sync = cfg.sync_mode if getattr(cfg, "sync_mode", "async") != "async" else None
-        self.num_envs = cfg.num_workers * cfg.num_envs_per_worker
+        self.num_envs = cfg.num_workers * cfg.num_envs_per_worker * num_agents  # agents: one trajectory stream each
         if self.sync:
             self.trajs_per_batch = self.num_envs
         else:
@@ -68,8 +81,9 @@ class Learner:
         self.version, self.env_steps = 0, 0
         self.pending: list[int] = []
         self.last_save = self.last_milestone = time.time()
+        self.hyperparams = {k: float(getattr(cfg, k)) for k in HYPERPARAMS}
         self._load_checkpoint()
-        self.state.learner[ENV_STEPS] = self.env_steps
+        self.state.learner[policy_id, ENV_STEPS] = self.env_steps
         self.sync_batch = 0  # hts/ppo: the rollout interval whose batch comes next
         self.published = {}  # hts/ppo: batches trained on -> the policy version published after them
         self.budget_done = False
@@ -88,27 +102,50 @@ class Learner:
         if torch.is_tensor(state.get("minibatch_rng")):
             self.appo.generator.set_state(state["minibatch_rng"].cpu().to(torch.uint8))
         self.version, self.env_steps = int(state["policy_version"]), int(state["env_steps"])
-        log.info("Resumed from checkpoint: policy version %d, %d env frames", self.version, self.env_steps)
+        log.info("Resumed %sfrom checkpoint: policy version %d, %d env frames",
+                 f"policy {self.policy_id} " if self.population else "", self.version, self.env_steps)
 
     def save(self, final: bool = False) -> None:
+        extra = {"minibatch_rng": self.appo.generator.get_state(), "policy_id": self.policy_id,
+                 "hyperparams": dict(self.hyperparams)}
         state = make_checkpoint_state(self.model, self.appo.optimizer, self.version, self.env_steps, self.meta,
-                                      extra={"minibatch_rng": self.appo.generator.get_state()})
+                                      extra=extra)
         path = self.checkpoints.save(state, self.version, self.env_steps)
         if 0 < self.cfg.save_milestones_sec <= time.time() - self.last_milestone:
             self.checkpoints.save_milestone(path)
             self.last_milestone = time.time()
-        metric, episodes = float(self.state.best_metric[0]), int(self.state.best_metric[1])
+        metric, episodes = float(self.state.best_metric[self.policy_id, 0]), int(self.state.best_metric[self.policy_id, 1])
         if episodes > 0 and self.env_steps >= self.cfg.save_best_after:
             self.checkpoints.save_best(state, self.version, self.env_steps, metric)
         self.q.report.put(("checkpoint", str(path), final))
         self.last_save = time.time()
+
+    # --- population-based training ---
+    def apply_population_updates(self) -> None:
+        """Before a training batch: this policy's hyperparameters (SharedState.hyperparams, NaN: the configuration's),
+        and a weight copy population-based training asked for (SharedState.replace_from)."""
+        p = self.policy_id
+        values = self.state.hyperparams[p].tolist()
+        if not any(math.isnan(v) for v in values):
+            wanted = dict(zip(HYPERPARAMS, values))
+            if wanted != self.hyperparams:
+                self.appo.set_hyperparams(**wanted)
+                self.hyperparams = wanted
+        source = int(self.state.replace_from[p])
+        if source >= 0:
+            if source != p and 0 <= source < len(self.all_weights):
+                self.all_weights[source].load_into(self.model, -1)  # the source's latest published weights
+                self.appo.optimizer.state = collections.defaultdict(dict)  # moments of other weights: start afresh
+                self._publish(self.version + 1)
+                self.q.report.put(("pbt_copied", p, source, self.version))
+            self.state.replace_from[p] = -1
 
     # --- weights ---
     def _publish(self, version: int) -> None:
         self.version = version
         self.state.beat(self.heartbeat)  # after every SGD step: a long training batch is not a stall
         self.shared_weights.publish(self.model, version)
-        self.state.learner[VERSION] = version
+        self.state.learner[self.policy_id, VERSION] = version
 
     def _on_sgd_step(self, version: int) -> None:
         if self.sync:  # the actors' weights change at batch boundaries only
@@ -128,7 +165,7 @@ class Learner:
         if self.cfg.sampler_only:  # benchmark: recycle the slots at once, count the frames, train nothing
             self.q.free.put_many(self.pending)
             self.env_steps += len(self.pending) * self.frames_per_traj
-            self.state.learner[ENV_STEPS] = self.env_steps
+            self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
             self.pending = []
             return None
         if len(self.pending) < self.trajs_per_batch:
@@ -142,6 +179,8 @@ class Learner:
         slots = torch.tensor(self.pending[: self.trajs_per_batch], dtype=torch.int64)
         self.pending = self.pending[self.trajs_per_batch:]
         experience = self.buffers.gather(slots, self.device)
+        if self.population:  # steps another policy acted (it took over the agent at an episode start): masked
+            experience["own"] = experience["policy_ids"] == self.policy_id
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # the copy must finish before the slots are reused
         if not self.sync:  # (sync modes: slots are fixed; the rollout workers wait for sync_ready instead)
@@ -152,13 +191,14 @@ class Learner:
     def train(self, experience) -> None:
         if self.sync:
             return self.train_sync(experience)
+        self.apply_population_updates()
         stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step)
         self._trained(stats)
 
     def _trained(self, stats: list) -> None:
         self.env_steps += self.trajs_per_batch * self.frames_per_traj
-        self.state.learner[ENV_STEPS] = self.env_steps
-        self.q.report.put(("train", stats, self.version, self.env_steps))
+        self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
+        self.q.report.put(("train", stats, self.version, self.env_steps, self.policy_id))
         if time.time() - self.last_save > self.cfg.save_every_sec:
             self.save()
 
@@ -237,6 +277,8 @@ class Learner:
         try:
             while not self.state.stopping() and runner_alive():
                 self.state.beat(self.heartbeat)
+                if self.population:  # also while no batch comes: a copy is visible to the actors at once
+                    self.apply_population_updates()
                 try:
                     self.train(batches.get(timeout=0.1))
                 except queue.Empty:
@@ -248,25 +290,28 @@ class Learner:
 
     def finish(self) -> None:
         self.save(final=True)
-        self.q.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps))
-        self.state.learner[FINISHED] = 1.0
+        self.q.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps, self.policy_id))
+        self.state.learner[self.policy_id, FINISHED] = 1.0
 
 
 def learner_threads(cfg) -> int:
-    """--learner_torch_threads, or by default every core, except in hts mode, where the next batch is collected while
+    """--learner_torch_threads, or by default every core (a population's learners: an equal share each), except in hts mode, where the next batch is collected while
     this one trains: then half of them (a number independent of the worker layout, so that every layout computes the
     same bits). OpenMP threads of a learner that owns every core spin while the workers hold one of them."""
     cores = os.cpu_count() or 1
     if cfg.learner_torch_threads:
         return cfg.learner_torch_threads
-    return max(1, cores // 2) if getattr(cfg, "sync_mode", "async") == "hts" else cores
+    if getattr(cfg, "sync_mode", "async") == "hts":
+        return max(1, cores // 2)
+    return max(1, cores // getattr(cfg, "num_policies", 1))  # a population's learners share the cores
 
 
 def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                frameskip) -> None:
-    """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle."""
+                frameskip, num_agents=1, policy_id=0, all_weights=None) -> None:
+    """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
+    share them)."""
     from sf.processes.control import limit_threads
     limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                      frameskip)
+                      frameskip, num_agents, policy_id, all_weights)
     learner.run()

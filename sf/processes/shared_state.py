@@ -1,14 +1,22 @@
-"""Small shared-memory state every process of a run can read without messages.
+"""Small shared-memory state every process of a run can read without messages. P = --num_policies.
 
-    stop            [1]  int64   1 once the runner asked everyone to stop
-    worker_frames   [W]  int64   env frames collected by each rollout worker (FPS is read off these)
-    learner         [3]  float64 env frames trained on, policy version, 1.0 when the learner finished its final save
-    sync_ready      [1]  int64   hts/ppo modes: training batches whose data the learner took (and, after it, published the
-                                 weights the next rollout uses); rollout interval j starts once it is >= j
-    best_metric     [2]  float64 running average of the best-checkpoint metric and its number of episodes
-    heartbeats      [P]  float64 time.monotonic() of each process's last sign of life (learner, policy workers, rollout
-                                 workers, in that order): the runner's watchdog for a process stuck in a call that
-                                 never returns (an env engine that hangs), which no exception or exit code reveals
+    stop            [1]     int64   1 once the runner asked everyone to stop
+    worker_frames   [W]     int64   env frames collected by each rollout worker, every agent's steps (FPS is read off these)
+    learner         [P, 3]  float64 per policy: env frames trained on, policy version, 1.0 when its learner finished its
+                                    final save
+    sync_ready      [1]     int64   hts/ppo modes: training batches whose data the learner took (and, after it, published
+                                    the weights the next rollout uses); rollout interval j starts once it is >= j
+    best_metric     [P, 2]  float64 per policy: running average of the best-checkpoint metric and its number of episodes
+    hyperparams     [P, 3]  float64 per policy: learning rate, entropy coefficient, Adam beta1 (HYPERPARAMS): the
+                                    learner applies them before each training batch (population-based training changes
+                                    them; without PBT they stay the configuration's)
+    replace_from    [P]     int64   per policy: the policy whose weights its learner should copy (PBT), -1 for none;
+                                    the learner sets it back to -1 once copied
+    shaping         [P, K]  float64 per policy: reward-shaping coefficients of the env (K = len(shaping_keys); 0 for envs
+                                    without shaping), which rollout workers pass to an agent's env at its episode start
+    heartbeats      [X]     float64 time.monotonic() of each process's last sign of life (learners, policy workers,
+                                    rollout workers): the runner's watchdog for a process stuck in a call that never
+                                    returns (an env engine that hangs), which no exception or exit code reveals
 """
 from __future__ import annotations
 
@@ -17,25 +25,44 @@ import time
 import torch
 
 ENV_STEPS, VERSION, FINISHED = 0, 1, 2
+HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "adam_beta1")
+
+
+def learner_name(policy: int, num_policies: int = 1) -> str:
+    """The learner process of `policy`: 'learner' in a one-policy run (as always), 'learner_p{policy}' in a population."""
+    return "learner" if num_policies == 1 else f"learner_p{policy}"
+
+
+def policy_worker_name(policy: int, index: int, num_policies: int = 1) -> str:
+    """'policy_worker_{index}' in a one-policy run, 'policy_worker_p{policy}_{index}' in a population."""
+    return f"policy_worker_{index}" if num_policies == 1 else f"policy_worker_p{policy}_{index}"
 
 
 class SharedState:
-    def __init__(self, num_workers: int, num_policy_workers: int = 1):
-        names = ["learner", *(f"policy_worker_{i}" for i in range(num_policy_workers)),
-                 *(f"rollout_worker_{w}" for w in range(num_workers))]
+    def __init__(self, num_workers: int, num_policy_workers: int = 1, num_policies: int = 1,
+                 shaping_keys: tuple = ()):
+        """num_policy_workers: per policy (--policy_workers_per_policy)."""
+        names = [learner_name(p, num_policies) for p in range(num_policies)]
+        names += [policy_worker_name(p, i, num_policies) for p in range(num_policies) for i in range(num_policy_workers)]
+        names += [f"rollout_worker_{w}" for w in range(num_workers)]
+        self.num_policies, self.shaping_keys = num_policies, tuple(shaping_keys)
         self._heartbeat_slots = {name: i for i, name in enumerate(names)}
         self.heartbeats = torch.full((len(names),), time.monotonic(), dtype=torch.float64).share_memory_()
         self.stop = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.worker_frames = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
-        self.learner = torch.zeros(3, dtype=torch.float64).share_memory_()
-        self.best_metric = torch.zeros(2, dtype=torch.float64).share_memory_()
+        self.learner = torch.zeros((num_policies, 3), dtype=torch.float64).share_memory_()
+        self.best_metric = torch.zeros((num_policies, 2), dtype=torch.float64).share_memory_()
         self.sync_ready = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.hyperparams = torch.full((num_policies, len(HYPERPARAMS)), float("nan"), dtype=torch.float64).share_memory_()
+        self.replace_from = torch.full((num_policies,), -1, dtype=torch.int64).share_memory_()
+        self.shaping = torch.zeros((num_policies, len(self.shaping_keys)), dtype=torch.float64).share_memory_()
         self._views()
 
     def _views(self) -> None:
         # numpy views for the per-step reads and writes of workers: ~0.1 us instead of ~5-10 us of torch indexing
         self._stop_np, self._worker_frames_np = self.stop.numpy(), self.worker_frames.numpy()
         self._heartbeats_np, self._sync_ready_np = self.heartbeats.numpy(), self.sync_ready.numpy()
+        self.shaping_np = self.shaping.numpy()
 
     def __getstate__(self) -> dict:  # views are rebuilt in the receiving process (pickled, they would be copies)
         return {k: v for k, v in self.__dict__.items() if not k.endswith("_np")}
@@ -56,8 +83,15 @@ class SharedState:
     def set_worker_frames(self, worker: int, frames: int) -> None:
         self._worker_frames_np[worker] = frames
 
+    def policy_env_steps(self) -> list[int]:
+        """Env frames each policy's learner has trained on."""
+        return [int(x) for x in self.learner[:, ENV_STEPS].tolist()]
+
     def heartbeat_slot(self, name: str) -> int:
         return self._heartbeat_slots[name]
+
+    def heartbeat_names(self) -> list[str]:
+        return list(self._heartbeat_slots)
 
     def beat(self, slot: int) -> None:
         """A sign of life of the process owning `slot` (heartbeat_slot(its name)); ~0.2 us, fine in a step loop."""

@@ -1,9 +1,12 @@
 """Runner: builds buffers and queues once, starts and supervises every process, gathers statistics,
 stops on budget or signal (always with a final checkpoint from the learner).
 
-    rollout workers --(w, group)--> policy queue --> policy workers --group--> worker queues
-    rollout workers --slot--> learner queue --> learner --slot--> free queue --> rollout workers
+    rollout workers --(w, group)--> policy queue [p] --> policy workers of p --group--> worker queues
+    rollout workers --slot--> learner queue [p] --> learner p --slot--> free queue --> rollout workers
     everyone --(kind, ...)--> report queue --> runner (episodes, train stats, checkpoints, errors)
+
+With one policy (the default) there is one of each; a population (--num_policies N) has a learner, policy workers,
+request queue, learner queue and weights per policy, and the rollout workers route each agent by its policy.
 """
 from __future__ import annotations
 
@@ -31,8 +34,9 @@ from sf.learning.checkpoint import CheckpointError, CheckpointManager, check_com
 from sf.learning.learner import Learner, checkpoint_meta, learner_threads, run_learner
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.control import add_leftover_hook, become_subreaper, kill_tree, limit_threads
-from sf.processes.shared_state import ENV_STEPS, FINISHED, SharedState
+from sf.processes.shared_state import FINISHED, SharedState, learner_name, policy_worker_name
 from sf.runner import tracking
+from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams
 from sf.runner.stats import RunStats, format_duration, progress_bar
 from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, child_main, kill_adopted, read_stack, worker_context
 from sf.sampling.policy_worker import PolicyWorker, run_policy_worker
@@ -145,8 +149,9 @@ def setup_logging(exp_dir: Path | None = None, early: logging.handlers.MemoryHan
 
 def probe_env(cfg):
     """Make one env in the runner to read its spaces (and fail early, in one line, if it cannot run). Also returns
-    what one env costs in memory (bytes: the processes it starts, e.g. a VizDoom engine, plus what it allocates here)
-    and the modules making it imported (the fork server imports them once for every worker)."""
+    what one env costs in memory (bytes: the processes it starts, e.g. a VizDoom engine, plus what it allocates here),
+    the modules making it imported (the fork server imports them once for every worker) and its reward-shaping
+    coefficients (name -> value; {} for envs without: population-based training mutates them)."""
     modules_before = set(sys.modules)
     me = psutil.Process()
     children_before = {c.pid for c in me.children(recursive=True)}
@@ -159,10 +164,11 @@ def probe_env(cfg):
         env_bytes = max(0, _uss(me) - uss_before) + max(0, shm_used_bytes() - shm_before)  # VizDoom: screen buffers in /dev/shm
         env_bytes += sum(_uss(c) for c in me.children(recursive=True) if c.pid not in children_before)
         obs_space, action_space = env.observation_space, env.action_space
+        shaping = dict(sorted(env.reward_shaping_defaults().items())) if hasattr(env, "reward_shaping_defaults") else {}
     finally:
         env.close()
     modules = sorted({m.split(".")[0] for m in set(sys.modules) - modules_before if not m.startswith("_")})
-    return obs_space, action_space, env_bytes, modules
+    return obs_space, action_space, env_bytes, modules, shaping
 
 
 def _uss(process) -> int:
@@ -190,20 +196,21 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int) -> No
     """Refuse, in one line with the estimate, a run that cannot fit in this machine's memory, before anything of it is
     allocated or started. env_bytes: what one env was measured to take (probe_env)."""
     num_envs = cfg.num_workers * cfg.num_envs_per_worker
-    processes = cfg.num_workers + cfg.policy_workers_per_policy + 1
+    policies = cfg.num_policies
+    processes = cfg.num_workers + policies * (cfg.policy_workers_per_policy + 1)
     parts = {
         "trajectory buffers": buffer_bytes,
         f"{num_envs} envs": num_envs * env_bytes,
-        f"{processes} processes": processes * WORKER_PROCESS_BYTES + LEARNER_WORKSPACE_BYTES,
-        "model copies": model_bytes * (LEARNER_MODEL_COPIES + cfg.policy_workers_per_policy),
+        f"{processes} processes": processes * WORKER_PROCESS_BYTES + policies * LEARNER_WORKSPACE_BYTES,
+        "model copies": model_bytes * policies * (LEARNER_MODEL_COPIES + cfg.policy_workers_per_policy),
     }
     need, have = sum(parts.values()), psutil.virtual_memory().available
-    shm_need, shm_have = buffer_bytes + model_bytes, shm_available_bytes()
+    shm_need, shm_have = buffer_bytes + model_bytes * policies, shm_available_bytes()
     gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
     detail = ", ".join(f"{k} {gib(v)}" for k, v in parts.items())
     if need > 0.9 * have:
         raise ConfigError(f"this configuration needs about {gib(need)} of memory ({detail}) but {gib(have)} is available; "
-                          "lower --num_workers, --num_envs_per_worker, --batch_size or the model size")
+                          "lower --num_workers, --num_envs_per_worker, --num_policies, --batch_size or the model size")
     if shm_need > 0.9 * shm_have:
         raise ConfigError(f"not enough shared memory: trajectory buffers and weights need {gib(shm_need)}, /dev/shm has "
                           f"{gib(shm_have)} free; lower --num_envs_per_worker/--batch_size or enlarge /dev/shm")
@@ -218,55 +225,74 @@ class Runner:
         add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
-        self.obs_space, self.action_space, env_bytes, self.env_modules = probe_env(cfg)
+        self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
+        self.num_policies, self.num_agents = cfg.num_policies, self.spec.num_agents
         with torch.device("meta"):  # shapes only: a model of absurd size is refused below before it is allocated
             model = create_actor_critic(cfg, self.obs_space, self.action_space)
         self.meta = checkpoint_meta(cfg, self.obs_space, self.action_space, model)
         self.rnn_state_size = model.rnn_state_size
         self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
-        num_envs = cfg.num_workers * cfg.num_envs_per_worker
-        self.num_slots = cfg.num_traj_buffers or num_envs + 2 * self.trajs_per_batch
+        # one trajectory stream per agent; every learner holds up to two training batches
+        num_agents = cfg.num_workers * cfg.num_envs_per_worker * self.num_agents
+        batches = self.num_policies * self.trajs_per_batch
+        self.num_slots = cfg.num_traj_buffers or num_agents + 2 * batches
         if cfg.sync_mode != "async":  # two storages of one slot per env (HTS-RL); --num_traj_buffers does not apply
-            self.trajs_per_batch, self.num_slots = num_envs, 2 * num_envs
-        elif self.num_slots < num_envs + self.trajs_per_batch:
+            self.trajs_per_batch, self.num_slots = num_agents, 2 * num_agents
+        elif self.num_slots < num_agents + batches:
             raise ConfigError(f"--num_traj_buffers {self.num_slots} is too small: need at least num_workers*num_envs_per_worker"
-                              f" + batch_size*num_batches_per_epoch/rollout = {num_envs + self.trajs_per_batch}")
+                              f"*agents_per_env + num_policies*batch_size*num_batches_per_epoch/rollout = "
+                              f"{num_agents + batches}")
         self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, cfg.rollout, self.obs_space, self.action_space,
                                                            self.rnn_state_size)
         model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         check_memory(cfg, self.buffer_bytes, model_bytes, env_bytes)
         self.check_checkpoint()
+        # PBT's state: a resumed run's pbt_state.json is read (and checked) here, written only once the run started
+        self.population = PopulationControl(cfg, self.exp_dir, self.shaping) if self._with_pbt() else None
 
     def check_checkpoint(self) -> None:
         """Before anything is written: the checkpoint to resume from must fit this env and model."""
         if self.cfg.restart_behavior != "resume":
             return
         try:
-            manager = CheckpointManager(self.exp_dir, policy_id=0, keep_checkpoints=self.cfg.keep_checkpoints)
-            state = manager.load("latest")
-            if state is not None:
-                check_compatible(state["meta"], self.meta, state.get("path", self.exp_dir / "checkpoint_p0"))
+            for p in range(self.num_policies):
+                manager = CheckpointManager(self.exp_dir, policy_id=p, keep_checkpoints=self.cfg.keep_checkpoints)
+                state = manager.load("latest")
+                if state is not None:
+                    check_compatible(state["meta"], self.meta, state.get("path", self.exp_dir / f"checkpoint_p{p}"))
         except CheckpointError as e:
             raise ConfigError(str(e)) from None
+
+    def _with_pbt(self) -> bool:
+        return bool(self.cfg.with_pbt) and self.num_policies > 1
 
     def build(self) -> None:
         """Allocate what every process shares: trajectory buffers, weights, counters, queues; and the statistics."""
         cfg = self.cfg
         self.buffers = TrajectoryBuffers(self.num_slots, cfg.rollout, self.obs_space, self.action_space, self.rnn_state_size)
-        self.shared_weights = SharedWeights(create_actor_critic(cfg, self.obs_space, self.action_space), self.device)
-        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy)
-        self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker, 2), dtype=torch.int64).share_memory_()
+        P = self.num_policies
+        self.weights = [SharedWeights(create_actor_critic(cfg, self.obs_space, self.action_space), self.device)
+                        for _ in range(P)]
+        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping))
+        # [W, agents per worker, (slot, t, policy)]
+        self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker * self.num_agents, 3),
+                                     dtype=torch.int64).share_memory_()
         msg_bytes, num_slots = 64, self.num_slots  # a small int tuple; capacities hold every message in flight at once
+        requests = cfg.num_workers * cfg.worker_num_splits
         self.queues = SimpleNamespace(
-            policy=Queue(maxsize=cfg.num_workers * cfg.worker_num_splits + 1, max_size_bytes=max(2**16, msg_bytes * cfg.num_workers * cfg.worker_num_splits * 2)),
-            workers=[Queue(maxsize=cfg.worker_num_splits + 1, max_size_bytes=2**12) for _ in range(cfg.num_workers)],
-            learner=Queue(maxsize=num_slots + 1, max_size_bytes=max(2**16, msg_bytes * num_slots * 2)),
+            policy=[Queue(maxsize=requests + 1, max_size_bytes=max(2**16, msg_bytes * requests * 2)) for _ in range(P)],
+            workers=[Queue(maxsize=cfg.worker_num_splits * P + 1, max_size_bytes=2**12 * P) for _ in range(cfg.num_workers)],
+            learner=[Queue(maxsize=num_slots + 1, max_size_bytes=max(2**16, msg_bytes * num_slots * 2)) for _ in range(P)],
             free=Queue(maxsize=num_slots + 1, max_size_bytes=max(2**16, msg_bytes * num_slots * 2)),
             report=Queue(max_size_bytes=2**25),
         )
         if cfg.sync_mode == "async":  # (hts/ppo: fixed slots, no free list)
             self.queues.free.put_many(list(range(num_slots)))
-        self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip, sync_mode=cfg.sync_mode)
+        self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip, sync_mode=cfg.sync_mode, num_policies=P)
+        hyper = self.population.hyperparams() if self.population else [initial_hyperparams(cfg, self.shaping)] * P
+        fill_shared(self.state, hyper)
+        if self.population:
+            self.population.record(self.stats, hyper)
         self.procs: dict[str, torch.multiprocessing.Process] = {}
         self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
         self.last_watch = time.monotonic()  # the stall watchdog's last look
@@ -280,14 +306,31 @@ class Runner:
         log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB), "
                  "seed %d", self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, num_slots,
                  self.buffer_bytes / 2**20, cfg.seed)
+        if P > 1 or self.num_agents > 1:
+            log.info("Population: %d policies (%s), %d agents per env (%d agents in all), policy mapping %s%s", P,
+                     "population-based training" + (", resumed" if self.population.resumed else "")
+                     if self.population else "independent", self.num_agents,
+                     cfg.num_workers * cfg.num_envs_per_worker * self.num_agents, cfg.policy_mapping,
+                     f" (new draw every {cfg.policy_resample_episodes} episodes of an env)"
+                     if cfg.policy_mapping == "random" and P > 1 else "")
         mode = MODE_LINES[cfg.sync_mode].format(batch=self.trajs_per_batch * cfg.rollout,
                                                 steps=sync_minibatches(cfg) * cfg.num_epochs)
         log.info("Mode: %s", mode)
         self.stats.writer.add_text("config/mode", mode)
 
     def worker_queues(self, w: int):
+        """A rollout worker's: every policy's request and learner queue, its own reply queue."""
         q = self.queues
         return SimpleNamespace(policy=q.policy, worker=q.workers[w], learner=q.learner, free=q.free, report=q.report)
+
+    def policy_queues(self, p: int):
+        """A policy worker's: its policy's request queue, every rollout worker's reply queue."""
+        return SimpleNamespace(policy=self.queues.policy[p], workers=self.queues.workers)
+
+    def learner_queues(self, p: int):
+        """A learner's: its policy's queue of full trajectories, the free list, the report queue."""
+        q = self.queues
+        return SimpleNamespace(learner=q.learner[p], free=q.free, report=q.report)
 
     # --- processes ---
     def _start(self, name: str, target, *args, unwind: bool = False) -> None:
@@ -299,14 +342,18 @@ class Runner:
         log.info("Started %s (pid %d)", name, p.pid)
 
     def start_processes(self) -> None:
-        cfg, b, q, st = self.cfg, self.buffers, self.queues, self.state
+        cfg, b, st = self.cfg, self.buffers, self.state
         self.context = worker_context(self.env_modules)
         self.own_children = {c.pid for c in psutil.Process().children()}  # the fork server and multiprocessing's helpers
-        self._start("learner", run_learner, cfg, self.obs_space, self.action_space, b, q, self.shared_weights, st,
-                    self.device, self.exp_dir, self.spec.frameskip)
-        for i in range(cfg.policy_workers_per_policy):
-            self._start(f"policy_worker_{i}", run_policy_worker, cfg, i, self.obs_space, self.action_space, b,
-                        self.env_slots, q, self.shared_weights, st, self.device)
+        P = self.num_policies
+        for p in range(P):
+            self._start(learner_name(p, P), run_learner, cfg, self.obs_space, self.action_space, b,
+                        self.learner_queues(p), self.weights[p], st, self.device, self.exp_dir, self.spec.frameskip,
+                        self.num_agents, p, self.weights)
+        for p in range(P):
+            for i in range(cfg.policy_workers_per_policy):
+                self._start(policy_worker_name(p, i, P), run_policy_worker, cfg, i, self.obs_space, self.action_space,
+                            b, self.env_slots, self.policy_queues(p), self.weights[p], st, self.device, p)
         for w in range(cfg.num_workers):  # they make their envs while the learner loads: start-up runs in parallel
             self._start(f"rollout_worker_{w}", run_rollout_worker, cfg, w, b, self.env_slots, self.worker_queues(w), st, w,
                         unwind=True)
@@ -356,18 +403,23 @@ class Runner:
             for msg in msgs:
                 kind = msg[0]
                 if kind == "episodes":
-                    self.stats.add_episodes(msg[2])
-                    metric = self.stats.mean(self.cfg.save_best_metric)
-                    if metric == metric:
-                        self.state.best_metric[0], self.state.best_metric[1] = metric, self.stats.num_episodes
+                    for p in self.stats.add_episodes(msg[2]):
+                        metric = self.stats.mean(self.cfg.save_best_metric, p)
+                        if metric == metric:
+                            self.state.best_metric[p, 0] = metric
+                            self.state.best_metric[p, 1] = self.stats.policies[p].num_episodes
                 elif kind == "train":
-                    self.stats.add_train(msg[1], msg[2], msg[3])
+                    self.stats.add_train(msg[1], msg[2], msg[3], msg[4] if len(msg) > 4 else 0)
                 elif kind == "stack_file":
                     self.stack_files[msg[1]] = msg[2]
                 elif kind == "checkpoint":
                     log.info("Saved %scheckpoint %s", "final " if msg[2] else "", msg[1])
                 elif kind == "final_weights":
-                    log.info("Final weights sha256: %s (policy version %d, %d env frames)", msg[1], msg[2], msg[3])
+                    who = f"policy {msg[4]}, " if self.num_policies > 1 else "policy "
+                    log.info("Final weights sha256: %s (%sversion %d, %d env frames)", msg[1], who, msg[2], msg[3])
+                elif kind == "pbt_copied":
+                    log.info("PBT: policy %d now plays with the weights of policy %d (policy version %d)", msg[1],
+                             msg[2], msg[3])
                 elif kind == "error":
                     self._crashed(msg[1], msg[2])
 
@@ -404,9 +456,12 @@ class Runner:
         self.state.request_stop()
 
     # --- main loop ---
+    def trained_frames(self) -> int:
+        """Env frames every policy has trained on (the least of them: the frame budget holds for each policy)."""
+        return min(self.state.policy_env_steps())
+
     def budget_reached(self, start: float) -> bool:
-        return (int(self.state.learner[ENV_STEPS]) >= self.cfg.train_for_env_steps
-                or time.time() - start >= self.cfg.train_for_seconds)
+        return self.trained_frames() >= self.cfg.train_for_env_steps or time.time() - start >= self.cfg.train_for_seconds
 
     def run(self) -> int:
         """The run, in the order of the data flow (docs/architecture.md): build() allocates what the stages share
@@ -441,15 +496,24 @@ class Runner:
             self._drain_reports()
             self._update_frames()
             self._log_progress(start)  # a final report line, however short the run
+            if self.population is not None:
+                self.population.save()
             self.stats.write_summaries()
             self.stats.close()
             if self.stats.tracker is not None:
                 self.stats.tracker.finish(self.exit_code)
             self.close_queues()
-        frames, wall = int(self.state.learner[ENV_STEPS]), time.time() - start
-        log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. Checkpoints: %s; TensorBoard: "
-                 "tensorboard --logdir %s", frames, format_duration(wall), (frames - self.stats.start_frames) / max(wall, 1e-9),
-                 self.stats.version, self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
+        frames, wall = sum(self.state.policy_env_steps()), time.time() - start
+        rate = (frames - self.stats.start_frames) / max(wall, 1e-9)
+        if self.num_policies == 1:
+            log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. Checkpoints: %s; TensorBoard: "
+                     "tensorboard --logdir %s", frames, format_duration(wall), rate, self.stats.version,
+                     self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
+        else:
+            versions = ", ".join(str(p.version) for p in self.stats.policies)
+            log.info("Done: %d env frames (all policies) in %s (%.0f frames/s), policy versions %s. Checkpoints: %s; "
+                     "TensorBoard: tensorboard --logdir %s", frames, format_duration(wall), rate, versions,
+                     self.exp_dir / "checkpoint_p*", self.exp_dir.parent)
         return self.exit_code
 
     def supervise(self, start: float) -> None:
@@ -460,11 +524,13 @@ class Runner:
             # the budget first: in hts/ppo the learner ends the run itself at the batch reaching it, and exits
             if self.budget_reached(start) or not self._check_processes() or not self._check_stalls():
                 break
-            if not self.learner_ready and self.shared_weights.version >= 0:
+            if not self.learner_ready and all(w.version >= 0 for w in self.weights):
                 self.learner_ready = True  # frames count from where the checkpoint left them (no jump in the FPS)
-                self.stats.start_frames = int(self.state.learner[ENV_STEPS])
+                self.stats.start_frames = sum(self.state.policy_env_steps())
             if self.learner_ready:
                 self._update_frames()
+            if self.population is not None:
+                self.population.step(self.state, self.stats)
             now = time.time()
             if now - last_report >= self.cfg.report_interval_sec:
                 self._update_memory()
@@ -480,8 +546,8 @@ class Runner:
 
     def _log_progress(self, start: float) -> None:
         """The report line, with a progress bar and ETA toward whichever budget is closer to its end."""
-        first = self.stats.start_frames  # a resumed run counts from where it started
-        log.info("%s%s", self.stats.report_line(), progress_bar(int(self.state.learner[ENV_STEPS]) - first,
+        first = self.stats.start_frames // self.num_policies  # a resumed run counts from where it started
+        log.info("%s%s", self.stats.report_line(), progress_bar(self.trained_frames() - first,
                                                                 self.cfg.train_for_env_steps - first,
                                                                 time.time() - start, self.cfg.train_for_seconds))
 
@@ -489,8 +555,9 @@ class Runner:
         """Ask everyone to stop, let the learner write its final checkpoint, then reap every process."""
         self.state.request_stop()
         deadline = time.time() + STOP_TIMEOUT_SEC
-        learner = self.procs.get("learner")
-        while learner is not None and learner.is_alive() and self.state.learner[FINISHED] == 0 and time.time() < deadline:
+        learners = [(p, self.procs.get(learner_name(p, self.num_policies))) for p in range(self.num_policies)]
+        while time.time() < deadline and any(proc is not None and proc.is_alive() and self.state.learner[p, FINISHED] == 0
+                                             for p, proc in learners):
             self._drain_reports()
             time.sleep(0.05)
         for p in self.procs.values():
@@ -503,35 +570,45 @@ class Runner:
 
     def close_queues(self) -> None:
         q = self.queues
-        for queue in [q.policy, q.learner, q.free, q.report, *q.workers]:
+        for queue in [*q.policy, *q.learner, q.free, q.report, *q.workers]:
             queue.close()
 
     # --- serial mode ---
     def run_serial(self, start: float) -> None:
         """Every component in this process, stepped round-robin (for debugging). Any layout of the parallel mode works:
-        a rollout worker that finds no free slot runs the learner (which frees them) instead of waiting for it."""
-        cfg = self.cfg
+        a rollout worker that finds no free slot runs the learners (which free them) instead of waiting for them."""
+        cfg, P = self.cfg, self.num_policies
         limit_threads(learner_threads(cfg))  # the learner's threads, as in its own process: the same bits
-        learner = Learner(cfg, self.obs_space, self.action_space, self.buffers, self.queues, self.shared_weights,
-                          self.state, self.device, self.exp_dir, self.spec.frameskip)
-        self.stats.start_frames = learner.env_steps
-        policy = PolicyWorker(cfg, self.obs_space, self.action_space, self.buffers, self.env_slots, self.queues,
-                              self.shared_weights, self.device)
-        policy.wait_for_weights(self.state.stopping)
+        learners = [Learner(cfg, self.obs_space, self.action_space, self.buffers, self.learner_queues(p), self.weights[p],
+                            self.state, self.device, self.exp_dir, self.spec.frameskip, self.num_agents, p, self.weights)
+                    for p in range(P)]
+        self.stats.start_frames = sum(learner.env_steps for learner in learners)
+        policies = [PolicyWorker(cfg, self.obs_space, self.action_space, self.buffers, self.env_slots,
+                                 self.policy_queues(p), self.weights[p], self.device, policy_id=p) for p in range(P)]
+        for policy in policies:
+            policy.wait_for_weights(self.state.stopping)
         last_report = time.time()
 
         def periodic() -> None:  # the runner's periodic work, also while a worker waits for a slot
             nonlocal last_report
             self._drain_reports()
             self._update_frames()
+            if self.population is not None:
+                self.population.step(self.state, self.stats)
             if time.time() - last_report >= cfg.report_interval_sec:
                 self._log_progress(start)
                 last_report = time.time()
             if self.budget_reached(start):
                 self.state.request_stop()
 
+        def train() -> None:
+            for learner in learners:
+                if learner.population:
+                    learner.apply_population_updates()
+                learner.run_once(timeout=0.0)
+
         def starved() -> None:
-            learner.run_once(timeout=0.0)
+            train()
             periodic()
 
         workers = []
@@ -541,15 +618,17 @@ class Runner:
                                              on_starved=starved))
                 workers[-1].start()
             while not self.state.stopping():
-                policy.run_once(timeout=0.0)
+                for policy in policies:
+                    policy.run_once(timeout=0.0)
                 for w in workers:
                     w.run_once(timeout=0.0)
-                learner.run_once(timeout=0.0)
+                train()
                 periodic()
         except StopIteration:  # a worker waiting for a slot saw the stop request
             pass
         finally:
-            learner.finish()
+            for learner in learners:
+                learner.finish()
             self._drain_reports()
             for w in workers:
                 w.close()

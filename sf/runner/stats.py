@@ -7,6 +7,9 @@ TensorBoard tags follow Sample Factory's habits (one writer per policy, under tr
     train/policy_lag_{min,avg,max} (SGD steps), train/masked_fraction, train/policy_version
     train/policy_lag_batches (hts/ppo modes: one point per training batch, the lag measured on its data)
     memory/rss_mb_{runner,rollout_workers,policy_workers,learner}
+A population (--num_policies N > 1): the episode and training series of policy i are tagged p{i}/... (p0/reward/reward,
+p1/train/policy_lag_avg, ...; Sample Factory writes one directory per policy instead), the perf/ and memory/ series stay
+global, and PBT adds p{i}/pbt/<hyperparameter> and the text pbt/decisions. One policy: the tags above, unprefixed.
 With --with_wandb, the same scalars go to Weights & Biases as well (sf/runner/tracking.py, `tracker`).
 """
 from __future__ import annotations
@@ -24,23 +27,88 @@ TRAIN_KEYS = ("policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fra
               "learning_rate", "masked_fraction")
 
 
-class RunStats:
-    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, start_frames: int = 0, sync_mode: str = "async"):
-        self.frameskip, self.sync_mode = frameskip, sync_mode
+class PolicyStats:
+    """What one policy's learner and episodes report."""
+
+    def __init__(self, stats_avg: int, start_frames: int = 0):
         self.lag_batches = float("nan")  # hts/ppo: policy lag in training batches of the last batch
         self.lag_batches_unwritten: list[float] = []  # ... and of every batch since the last summary
-        self.frames_history: collections.deque = collections.deque(maxlen=4000)  # (time, total frames)
-        self.start_frames = start_frames
         self.episodes: dict[str, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=stats_avg))
         self.num_episodes = 0
         self.train_stats: list[dict] = []  # SGD steps since the last summary
         self.last_train: dict = {}
         self.lag = {"min": float("nan"), "avg": float("nan"), "max": float("nan")}
         self.version, self.learner_env_steps = 0, start_frames
+        self.hyperparams: dict[str, float] = {}  # PBT: the values in force, written as p{i}/pbt/<name>
+
+    def add_episodes(self, episodes: list[dict]) -> None:
+        for ep in episodes:
+            self.num_episodes += 1
+            for k, v in ep.items():
+                if k != "policy":
+                    self.episodes[k].append(v)
+
+    def add_train(self, stats: list[dict], version: int, env_steps: int) -> None:
+        self.train_stats.extend(stats)
+        if stats:
+            self.last_train = stats[-1]
+            self.lag = {"min": min(s["lag_min"] for s in stats), "avg": float(np.mean([s["lag_avg"] for s in stats])),
+                        "max": max(s["lag_max"] for s in stats)}
+            if "policy_lag_batches" in stats[-1]:
+                self.lag_batches = stats[-1]["policy_lag_batches"]
+                self.lag_batches_unwritten.append(self.lag_batches)
+        self.version, self.learner_env_steps = version, env_steps
+
+    def mean(self, key: str) -> float:
+        d = self.episodes.get(key)
+        return float(np.mean(d)) if d else float("nan")
+
+    def scalars(self) -> dict[str, float]:
+        """This policy's summary since the last one (unprefixed tags); clears the training steps it covered."""
+        scalars: dict[str, float] = {}
+        for key, tag in (("reward", "reward/reward"), ("length", "len/len"), ("score", "reward/score"),
+                         ("win", "reward/win_rate")):
+            d = self.episodes.get(key)
+            if d:
+                scalars[tag], scalars[tag + "_min"], scalars[tag + "_max"] = float(np.mean(d)), float(min(d)), float(max(d))
+        if self.train_stats:
+            for k in TRAIN_KEYS:
+                vals = [s[k] for s in self.train_stats if k in s]
+                if vals:
+                    scalars[f"train/{k}"] = float(np.mean(vals))
+            for k, v in self.lag.items():
+                scalars[f"train/policy_lag_{k}"] = v
+            scalars["train/policy_version"] = self.version
+            self.train_stats = []
+        for k, v in self.hyperparams.items():
+            scalars[f"pbt/{k}"] = v
+        return scalars
+
+
+class RunStats:
+    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, start_frames: int = 0, sync_mode: str = "async",
+                 num_policies: int = 1):
+        self.frameskip, self.sync_mode = frameskip, sync_mode
+        self.frames_history: collections.deque = collections.deque(maxlen=4000)  # (time, total frames)
+        self.start_frames = start_frames
+        self.policies = [PolicyStats(stats_avg, start_frames) for _ in range(num_policies)]
         self.memory: dict[str, float] = {}
+        self.texts: list[tuple[str, str]] = []  # (tag, text) to write with the next summary (PBT decisions)
         self._writer = None
         self.exp_dir = exp_dir
         self.tracker = None  # a tracking.WandbTracker (--with_wandb): receives what goes to TensorBoard
+
+    # one policy's figures under the names a one-policy run always had
+    @property
+    def num_episodes(self) -> int:
+        return sum(p.num_episodes for p in self.policies)
+
+    @property
+    def version(self) -> int:
+        return self.policies[0].version
+
+    def mean(self, key: str, policy: int = 0) -> float:
+        return self.policies[policy].mean(key)
 
     @property
     def writer(self):
@@ -56,22 +124,17 @@ class RunStats:
     def add_frames(self, collected_frames: int, now: float | None = None) -> None:
         self.frames_history.append((now or time.time(), self.start_frames + collected_frames))
 
-    def add_episodes(self, episodes: list[dict]) -> None:
+    def add_episodes(self, episodes: list[dict]) -> list[int]:
+        """Episode reports (each with the "policy" that played it); returns the policies that got episodes."""
+        by_policy: dict[int, list[dict]] = collections.defaultdict(list)
         for ep in episodes:
-            self.num_episodes += 1
-            for k, v in ep.items():
-                self.episodes[k].append(v)
+            by_policy[int(ep.get("policy", 0))].append(ep)
+        for p, eps in by_policy.items():
+            self.policies[p].add_episodes(eps)
+        return sorted(by_policy)
 
-    def add_train(self, stats: list[dict], version: int, env_steps: int) -> None:
-        self.train_stats.extend(stats)
-        if stats:
-            self.last_train = stats[-1]
-            self.lag = {"min": min(s["lag_min"] for s in stats), "avg": float(np.mean([s["lag_avg"] for s in stats])),
-                        "max": max(s["lag_max"] for s in stats)}
-            if "policy_lag_batches" in stats[-1]:
-                self.lag_batches = stats[-1]["policy_lag_batches"]
-                self.lag_batches_unwritten.append(self.lag_batches)
-        self.version, self.learner_env_steps = version, env_steps
+    def add_train(self, stats: list[dict], version: int, env_steps: int, policy: int = 0) -> None:
+        self.policies[policy].add_train(stats, version, env_steps)
 
     # --- outputs ---
     @property
@@ -87,24 +150,33 @@ class RunStats:
                 return (f_now - f) / max(t_now - t, 1e-9) if t_now > t else float("nan")
         return float("nan")
 
-    def mean(self, key: str) -> float:
-        d = self.episodes.get(key)
-        return float(np.mean(d)) if d else float("nan")
-
     def report_line(self) -> str:
+        """The console's report: one line; a population adds one line per policy."""
         fps = ", ".join(f"{w} sec: {self.fps(w):.1f}" for w in FPS_WINDOWS)
-        line = (f"Fps is ({fps}). Total num frames: {self.total_frames}. Policy version: {self.version}. "
-                f"{self._lag_text()}. "
-                f"Avg episode reward: {self.mean('reward'):.3f} ({self.num_episodes} episodes)")
-        if "score" in self.episodes:
-            line += f", score: {self.mean('score'):.3f}"
-        return line
+        if len(self.policies) == 1:
+            p = self.policies[0]
+            return (f"Fps is ({fps}). Total num frames: {self.total_frames}. Policy version: {p.version}. "
+                    f"{self._lag_text(p)}. {self._episodes_text(p)}")
+        lines = [f"Fps is ({fps}). Total num frames: {self.total_frames}. {len(self.policies)} policies:"]
+        for i, p in enumerate(self.policies):
+            lines.append(f"  policy {i}: version {p.version}, {p.learner_env_steps} frames trained. {self._lag_text(p)}. "
+                         f"{self._episodes_text(p)}")
+        return "\n".join(lines)
 
-    def _lag_text(self) -> str:
-        lag = f"Policy lag (min: {self.lag['min']:.1f}, avg: {self.lag['avg']:.1f}, max: {self.lag['max']:.1f})"
+    @staticmethod
+    def _episodes_text(p: PolicyStats) -> str:
+        text = f"Avg episode reward: {p.mean('reward'):.3f} ({p.num_episodes} episodes)"
+        if "score" in p.episodes:
+            text += f", score: {p.mean('score'):.3f}"
+        if "win" in p.episodes:
+            text += f", win rate: {p.mean('win'):.2f}"
+        return text
+
+    def _lag_text(self, p: PolicyStats) -> str:
+        lag = f"Policy lag (min: {p.lag['min']:.1f}, avg: {p.lag['avg']:.1f}, max: {p.lag['max']:.1f})"
         if self.sync_mode == "async":
             return lag
-        return f"Mode {self.sync_mode}: policy lag {self.lag_batches:.0f} batch{'es' if self.lag_batches != 1 else ''} " \
+        return f"Mode {self.sync_mode}: policy lag {p.lag_batches:.0f} batch{'es' if p.lag_batches != 1 else ''} " \
                f"(in SGD steps: {lag[len('Policy lag ('):]}"
 
     def write_summaries(self) -> None:
@@ -114,29 +186,25 @@ class RunStats:
         scalars = {"perf/_fps": fps10, "perf/_sample_throughput": fps10 / self.frameskip, "perf/total_frames": step}
         for win in FPS_WINDOWS:
             scalars[f"perf/fps_{win}s"] = self.fps(win)
-        for key, tag in (("reward", "reward/reward"), ("length", "len/len"), ("score", "reward/score")):
-            d = self.episodes.get(key)
-            if d:
-                scalars[tag], scalars[tag + "_min"], scalars[tag + "_max"] = float(np.mean(d)), float(min(d)), float(max(d))
-        if self.train_stats:
-            for k in TRAIN_KEYS:
-                vals = [s[k] for s in self.train_stats if k in s]
-                if vals:
-                    scalars[f"train/{k}"] = float(np.mean(vals))
-            for k, v in self.lag.items():
-                scalars[f"train/policy_lag_{k}"] = v
-            scalars["train/policy_version"] = self.version
-            self.train_stats = []
+        prefix = (lambda i: "") if len(self.policies) == 1 else (lambda i: f"p{i}/")  # noqa: E731
+        lag_batches = {}
+        for i, p in enumerate(self.policies):
+            scalars.update({prefix(i) + tag: v for tag, v in p.scalars().items()})
+            lag_batches[prefix(i) + "train/policy_lag_batches"] = p.lag_batches_unwritten
+            p.lag_batches_unwritten = []
         for k, v in self.memory.items():
             scalars[f"memory/rss_mb_{k}"] = v
         scalars = {tag: v for tag, v in scalars.items() if v == v}  # skip NaN (no data yet)
         for tag, v in scalars.items():
             w.add_scalar(tag, v, step)
-        for v in self.lag_batches_unwritten:  # one point per training batch: the mode's guarantee, batch by batch
-            w.add_scalar("train/policy_lag_batches", v, step)
+        for tag, values in lag_batches.items():  # one point per training batch: the mode's guarantee, batch by batch
+            for v in values:
+                w.add_scalar(tag, v, step)
+        for tag, text in self.texts:
+            w.add_text(tag, text, step)
+        self.texts = []
         if self.tracker is not None:  # W&B: the same points (never blocks: a queue drained by its own thread)
-            self.tracker.log(scalars, step, {"train/policy_lag_batches": self.lag_batches_unwritten})
-        self.lag_batches_unwritten = []
+            self.tracker.log(scalars, step, lag_batches)
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the TensorBoard writer (final write and fsync), waiting at most `timeout`: a run does not outlive its

@@ -11,6 +11,10 @@ actions come from the noise each env drew for its observation: an observation's 
 batch, worker or layout served it (measured: CPU kernels give different bits for one row at different batch sizes, the
 same bits at one batch size whatever the row's position or neighbours). The learner publishes weights only at batch
 boundaries in these modes, so every request of an interval sees the same weights.
+
+Populations (--num_policies N): each policy has its own policy workers, request queue and weights. A request (w, g)
+names a group; env_slots[w, i] = (slot, t, policy) says which of its agents this worker's policy plays: it serves those
+and writes its policy id into policy_ids (the learners mask steps another policy acted).
 """
 from __future__ import annotations
 
@@ -26,15 +30,20 @@ from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_se
 
 class PolicyWorker:
     def __init__(self, cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device: str,
-                 worker_idx: int = 0):
+                 worker_idx: int = 0, policy_id: int = 0):
+        """queues.policy: this policy's request queue; queues.workers: every rollout worker's reply queue;
+        shared_weights: this policy's. env_slots: [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy)."""
         self.cfg, self.buffers, self.env_slots, self.q = cfg, buffers, env_slots, queues
+        self.policy_id = policy_id
+        self.population = getattr(cfg, "num_policies", 1) > 1 and env_slots.shape[-1] > 2
         self.sync = getattr(cfg, "sync_mode", "async") != "async"
         self.chunk = getattr(cfg, "sync_inference_chunk", 8)
-        torch.manual_seed(stream_seed(run_seed(cfg), POLICY_WORKER, worker_idx))  # action sampling in async mode
+        index = (worker_idx,) if policy_id == 0 else (policy_id, worker_idx)  # policy 0: the one-policy run's streams
+        torch.manual_seed(stream_seed(run_seed(cfg), POLICY_WORKER, *index))  # action sampling in async mode
         if self.sync:
             deterministic_kernels(device)
         self.shared_weights, self.device = shared_weights, torch.device(device)
-        self.group_size = cfg.num_envs_per_worker // cfg.worker_num_splits
+        self.group_size = env_slots.shape[1] // cfg.worker_num_splits  # agents per group
         self.random_policy = getattr(cfg, "random_policy", False)
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
         self.version = -1
@@ -44,13 +53,15 @@ class PolicyWorker:
         # torch's two-tensor advanced indexing (which costs ~10x more per call at these small batch sizes).
         b = buffers
         self.T = b.rewards.shape[1]
-        # env_slots [W, E, 2] viewed as [W * splits, G, 2]: request (w, g) is row w * splits + g, its G envs' (slot, t)
-        self.group_slots = env_slots.view(cfg.num_workers * self.splits, self.group_size, 2).numpy()
+        # env_slots [W, E * A, C] viewed as [W * splits, G, C]: request (w, g) is row w * splits + g, its G agents'
+        # (slot, t[, policy])
+        self.group_slots = env_slots.view(cfg.num_workers * self.splits, self.group_size, env_slots.shape[-1]).numpy()
         n = b.rewards.shape[0]
         self.obs_flat = {k: v.view(n * (self.T + 1), *v.shape[2:]).numpy() for k, v in b.obs.items()}
         self.rnn_flat = b.rnn_states.view(n * (self.T + 1), -1).numpy()
         self.step_flat = {k: getattr(b, k).view(n * self.T, *getattr(b, k).shape[2:]).numpy()
-                          for k in ("actions", "action_logits", "log_probs", "values", "policy_versions", "action_noise")}
+                          for k in ("actions", "action_logits", "log_probs", "values", "policy_versions", "policy_ids",
+                                   "action_noise")}
         # --random_policy on (Multi)Discrete spaces: uniform actions drawn in numpy, constant log-prob.
         from gymnasium import spaces
         self.random_nvec = None
@@ -60,7 +71,7 @@ class PolicyWorker:
             self.random_nvec = np.asarray(action_space.nvec, dtype=np.int64).reshape(-1)
         if self.random_nvec is not None:
             self.random_log_prob = -float(np.log(self.random_nvec.astype(np.float64)).sum())
-            self.rng = np.random.default_rng(stream_seed(run_seed(cfg), POLICY_WORKER, worker_idx))
+            self.rng = np.random.default_rng(stream_seed(run_seed(cfg), POLICY_WORKER, *index))
             if self.random_policy:  # the uniform policy's constant outputs, written once for every (slot, t)
                 for tensor, value in ((b.action_logits, 0.0), (b.log_probs, self.random_log_prob), (b.values, 0.0),
                                       (b.rnn_states, 0.0)):  # (every policy worker writes the same values)
@@ -83,8 +94,11 @@ class PolicyWorker:
             return 0
         self.version = self.shared_weights.load_into(self.model, self.version)
         req = np.asarray(requests, dtype=np.int64)  # [R, (worker, group)]
-        idx = self.group_slots[req[:, 0] * self.splits + req[:, 1]].reshape(-1, 2)  # [B = R * G, (slot, t)]
-        slots, ts = idx[:, 0], idx[:, 1]
+        rows = self.group_slots[req[:, 0] * self.splits + req[:, 1]]  # [R, G, (slot, t[, policy])]
+        rows = rows.reshape(-1, rows.shape[-1])
+        if self.population:  # the agents of these groups this policy plays
+            rows = rows[rows[:, 2] == self.policy_id]
+        slots, ts = rows[:, 0], rows[:, 1]  # [B]
         step = slots * self.T + ts  # flat index into [N * T] tensors
         if self.random_policy and self.random_nvec is not None:
             self._random_actions(step)
@@ -104,6 +118,7 @@ class PolicyWorker:
         else:
             out["actions"][step] = self.rng.integers(self.random_nvec, size=(len(step), len(self.random_nvec)))
         out["policy_versions"][step] = self.version
+        out["policy_ids"][step] = self.policy_id
 
     @torch.inference_mode()
     def _infer(self, step: np.ndarray, obs_i: np.ndarray) -> None:
@@ -128,6 +143,7 @@ class PolicyWorker:
         out["log_probs"][step] = log_probs.float().cpu().numpy()
         out["values"][step] = values.float().cpu().numpy()
         out["policy_versions"][step] = self.version
+        out["policy_ids"][step] = self.policy_id
         self.rnn_flat[obs_i + 1] = new_rnn.float().cpu().numpy()
 
 
@@ -145,12 +161,14 @@ class PolicyWorker:
 
 
 def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights, shared_state,
-                      device) -> None:
+                      device, policy_id: int = 0) -> None:
     """Process entry: normal priority, `--policy_worker_torch_threads` threads."""
     from sf.processes.control import limit_threads, runner_alive
+    from sf.processes.shared_state import policy_worker_name
     limit_threads(cfg.policy_worker_torch_threads)
-    heartbeat = shared_state.heartbeat_slot(f"policy_worker_{worker_idx}")
-    worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device, worker_idx)
+    heartbeat = shared_state.heartbeat_slot(policy_worker_name(policy_id, worker_idx, shared_state.num_policies))
+    worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device, worker_idx,
+                          policy_id)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
     while not shared_state.stopping() and runner_alive():
         shared_state.beat(heartbeat)

@@ -18,6 +18,16 @@ k is slot (k % 2) * num_envs + i. A group that finished interval k asks for acti
 learner took batch k (SharedState.sync_ready): batch synchronization every --rollout steps. Each env draws the noise
 of its actions from its own stream (sf.seeding), so actions do not depend on which policy worker or batch serves them.
 An episode cut by a time limit keeps its final observation (final_obs) for the learner's bootstrap.
+
+Agents and policies (Sample Factory paper, section 3.5). An env may host several agents (spec.num_agents = A; the
+multi-agent contract of docs/architecture.md: lists in and out, per-agent dones, auto-reset). The worker's unit is the
+agent: agent i = e * A + a has its own slot, step and `env_slots[w, i] = (slot, t, policy)`; group g holds the agents of
+its envs. The worker stays policy-agnostic: at each agent's episode start it asks the PolicyMapping which policy plays
+it, writes that into env_slots, and sends a group's request `(w, g)` to the queue of every policy that plays one of its
+agents (each policy worker serves only its policy's agents); the group steps once every one of them replied. A slot
+belongs to the policy that started it: when an agent changes policy at an episode start inside a trajectory, the slot
+still goes to the old policy's learner, which masks the steps the new policy acted (buffers.policy_ids), and the agent's
+next slot goes to the new policy.
 """
 from __future__ import annotations
 
@@ -32,7 +42,8 @@ import torch
 from typing import Callable, Optional
 
 from sf.model.action_spaces import draw_action_noise
-from sf.seeding import action_noise_rng, run_seed
+from sf.sampling.policy_mapping import PolicyMapping
+from sf.seeding import POLICY_MAPPING, action_noise_rng, run_seed, stream_seed
 from sf_envs.registry import env_spec, make_env
 
 EPISODE_REPORT_SEC = 1.0
@@ -42,15 +53,23 @@ log = logging.getLogger(__name__)
 class RolloutWorker:
     def __init__(self, cfg, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state,
                  on_starved: Optional[Callable[[], None]] = None):
-        """on_starved: called while no free slot is available instead of waiting for one (serial mode: the learner,
-        which frees slots, runs in this same thread)."""
+        """queues.policy / queues.learner: one queue per policy (a single queue: a one-policy run). env_slots
+        [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy). on_starved: called while no free slot is
+        available instead of waiting for one (serial mode: the learner, which frees slots, runs in this same thread)."""
         self.cfg, self.w = cfg, worker_idx
         self.on_starved = on_starved
-        self.finished: list[int] = []  # full trajectory slots of the group being stepped, not yet sent to the learner
         self.buffers, self.env_slots, self.q, self.state = buffers, env_slots, queues, shared_state
+        self.policy_queues = queues.policy if isinstance(queues.policy, (list, tuple)) else [queues.policy]
+        self.learner_queues = queues.learner if isinstance(queues.learner, (list, tuple)) else [queues.learner]
+        self.num_policies = len(self.policy_queues)
+        # full trajectory slots of the group being stepped, per policy, not yet sent to the learners
+        self.finished: list[list[int]] = [[] for _ in range(self.num_policies)]
+        spec = env_spec(cfg.env, cfg)
+        self.frameskip, self.A = spec.frameskip, spec.num_agents
         self.num_envs = cfg.num_envs_per_worker
-        self.group_size = self.num_envs // cfg.worker_num_splits
-        self.frameskip = env_spec(cfg.env, cfg).frameskip
+        self.num_agents = self.num_envs * self.A  # this worker's agents: agent i = env i // A, its agent i % A
+        self.envs_per_group = self.num_envs // cfg.worker_num_splits
+        self.group_size = self.envs_per_group * self.A  # agents per group
         self.T = cfg.rollout
         # training rewards: scaled and clipped (Sample Factory's --reward_scale, --reward_clip); episode statistics,
         # from the env's info["episode"], stay in the env's own units
@@ -65,11 +84,21 @@ class RolloutWorker:
         self.rnn_np = buffers.rnn_states.numpy()
         # hts/ppo: the group's rollout interval, and the groups waiting for the learner before their next interval
         self.sync = getattr(cfg, "sync_mode", "async") != "async"
-        self.total_envs = cfg.num_workers * self.num_envs
+        self.total_agents = cfg.num_workers * self.num_agents
         self.interval = np.zeros(cfg.worker_num_splits, dtype=np.int64)
         self.waiting: dict[int, int] = {}
+        self.awaiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies a group still waits for
         self.env_slots_np = env_slots.numpy()
+        self.has_policy_column = self.env_slots_np.shape[-1] > 2
         self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")
+        self.mapping = PolicyMapping(self.num_policies, self.A, getattr(cfg, "policy_mapping", "random"),
+                                     getattr(cfg, "policy_resample_episodes", 10),
+                                     getattr(cfg, "pbt_mix_policies_in_one_env", True), worker_idx * self.num_envs,
+                                     stream_seed(run_seed(cfg), POLICY_MAPPING, worker_idx))
+        self.policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy playing each agent's current episode
+        self.slot_policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy whose learner gets its current slot
+        self.shaping_keys = tuple(getattr(shared_state, "shaping_keys", ()))
+        self.agent_shaping: list = [None] * self.num_agents  # coefficients last given to each agent's env
         self.envs = []
         try:
             for e in range(self.num_envs):
@@ -78,11 +107,11 @@ class RolloutWorker:
         except BaseException:  # an env that fails to start, or a stop meanwhile: close the ones already running
             self._close_envs()
             raise
-        self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_envs + e) for e in range(self.num_envs)]
+        self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_agents + i) for i in range(self.num_agents)]
         self.discrete = self.actions_np.dtype == np.int64
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
-        self.slot = np.zeros(self.num_envs, dtype=np.int64)
-        self.t = np.zeros(self.num_envs, dtype=np.int64)
+        self.slot = np.zeros(self.num_agents, dtype=np.int64)
+        self.t = np.zeros(self.num_agents, dtype=np.int64)
         self.env_restarts = 0
         self.episodes: list[dict] = []
         self.last_report = time.time()
@@ -98,7 +127,8 @@ class RolloutWorker:
         return self.cfg.seed * 10_000 + self.w * self.num_envs + e + 1_000_003 * self.env_restarts
 
     def _replace_env(self, e: int, ex: Exception) -> dict:
-        """A fresh env in place of env e, which raised `ex`; returns its first observation. One crashing game
+        """A fresh env in place of env e, which raised `ex`; returns its first observation (a list of them for a
+        multi-agent env: every agent's episode ends). One crashing game
         (VizDoom engines do crash after many thousand episodes) must not end a run of days; a persistent
         fault still stops it after --max_env_restarts replacements, as the traceback below says."""
         where = f"env {e} ({self.cfg.env}) of rollout worker {self.w}"
@@ -113,41 +143,69 @@ class RolloutWorker:
         except Exception:  # a broken env may fail to close too; its replacement matters, not its farewell
             pass
         self.envs[e] = make_env(self.cfg, env_index=self.w * self.num_envs + e)
+        self.agent_shaping[e * self.A:(e + 1) * self.A] = [None] * self.A  # a fresh env has its default shaping
         obs, _ = self.envs[e].reset(seed=self._env_seed(e))
         return obs
 
     # --- start ---
     def start(self) -> None:
-        """Reset every env, take a slot for each, and request actions for every group."""
+        """Reset every env, choose each agent's policy, take a slot for each agent, and request actions for every group."""
         for e, env in enumerate(self.envs):
             self.state.beat(self.heartbeat)
             obs, _ = env.reset(seed=self._env_seed(e))
-            self.slot[e] = self._next_slot(e, interval=0)
-            self.t[e] = 0
-            self._write_obs(e, obs, self.slot[e], 0)
-            self.rnn_np[self.slot[e], 0] = 0.0
+            for a, agent_obs in enumerate(obs if self.A > 1 else [obs]):
+                i = e * self.A + a
+                self._episode_start(i)
+                self.slot[i] = self._next_slot(i, interval=0)
+                self.slot_policy[i] = self.policy[i]
+                self.t[i] = 0
+                self._write_obs(agent_obs, self.slot[i], 0)
+                self.rnn_np[self.slot[i], 0] = 0.0
         self.env_slots_np[self.w, :, 0] = self.slot
         self.env_slots_np[self.w, :, 1] = self.t
         for g in range(self.cfg.worker_num_splits):
             self._request_actions(g)
 
-    def _next_slot(self, e: int, interval: int) -> int:
-        """The slot env e fills next: fixed in hts/ppo modes, any free one otherwise. Marks it as holding no final
+    def _episode_start(self, i: int) -> None:
+        """Agent i starts an episode: the policy that plays it (routing from its next request on), and that policy's
+        reward-shaping coefficients for its env (population-based training changes them)."""
+        if self.num_policies > 1:
+            p = self.mapping.policy_for(i // self.A, i % self.A)
+            self.policy[i] = p
+            if self.has_policy_column:
+                self.env_slots_np[self.w, i, 2] = p
+        if self.shaping_keys:
+            coeffs = tuple(self.state.shaping_np[self.policy[i]].tolist())
+            if coeffs != self.agent_shaping[i] and hasattr(self.envs[i // self.A], "set_reward_shaping"):
+                self.envs[i // self.A].set_reward_shaping(dict(zip(self.shaping_keys, coeffs)), agent=i % self.A)
+                self.agent_shaping[i] = coeffs
+
+    def _next_slot(self, i: int, interval: int) -> int:
+        """The slot agent i fills next: fixed in hts/ppo modes, any free one otherwise. Marks it as holding no final
         observation yet."""
         if self.sync:
-            slot = (interval % 2) * self.total_envs + self.w * self.num_envs + e
+            slot = (interval % 2) * self.total_agents + self.w * self.num_agents + i
         else:
             slot = self._take_free_slot()
         self.final_t_np[slot] = -1
         return slot
 
     def _request_actions(self, g: int) -> None:
-        """Ask the policy workers for group g's actions at its current steps (hts/ppo: with each env's noise)."""
+        """Ask the policy workers of every policy playing an agent of group g for its actions at the agents' current
+        steps (hts/ppo: with each agent's noise)."""
         lo, hi = g * self.group_size, (g + 1) * self.group_size
         if self.sync:
-            for e in range(lo, hi):
-                draw_action_noise(self.envs[e].action_space, self.noise_rngs[e], self.noise_np[self.slot[e], self.t[e]])
-        self.q.policy.put((self.w, g))
+            for i in range(lo, hi):
+                draw_action_noise(self.envs[i // self.A].action_space, self.noise_rngs[i],
+                                  self.noise_np[self.slot[i], self.t[i]])
+        if self.num_policies == 1:
+            self.awaiting[g] = 1
+            self.policy_queues[0].put((self.w, g))
+            return
+        policies = np.unique(self.policy[lo:hi]).tolist()
+        self.awaiting[g] = len(policies)
+        for p in policies:
+            self.policy_queues[p].put((self.w, g))
 
     def _release_waiting(self) -> None:
         """hts/ppo: groups whose next interval the learner has allowed go on."""
@@ -173,11 +231,12 @@ class RolloutWorker:
                     raise StopIteration from None
 
     def _send_finished(self) -> None:
-        if self.finished:
-            self.q.learner.put_many(self.finished)
-            self.finished = []
+        for p, slots in enumerate(self.finished):
+            if slots:
+                self.learner_queues[p].put_many(slots)
+                self.finished[p] = []
 
-    def _write_obs(self, e: int, obs: dict, slot: int, t: int) -> None:
+    def _write_obs(self, obs: dict, slot: int, t: int) -> None:
         for k, v in obs.items():
             self.obs_np[k][slot, t] = v
 
@@ -193,48 +252,27 @@ class RolloutWorker:
         except Empty:
             return False
         for g in groups:
-            self._step_group(int(g))
+            g = int(g)
+            self.awaiting[g] -= 1
+            if self.awaiting[g] == 0:  # every policy playing one of its agents has written their actions
+                self._step_group(g)
         self._maybe_report()
         return True
 
     def _step_group(self, g: int) -> None:
-        T = self.T
         lo, hi = g * self.group_size, (g + 1) * self.group_size
         slots, ts = self.slot[lo:hi].tolist(), self.t[lo:hi].tolist()
         # the group's actions in one fancy-index read (one copy instead of a view per env)
         actions = self.actions_np[slots, ts]
-        for i, e in enumerate(range(lo, hi)):
-            slot, t = slots[i], ts[i]
-            action = actions[i]
-            if self.scalar_action[e]:
-                action = action[0] if self.discrete else action
-            try:
-                obs, reward, terminated, truncated, info = self.envs[e].step(action)
-                done = terminated or truncated
-                cut = truncated and not terminated  # a time limit: the learner bootstraps from the final observation
-                if done:
-                    if "episode" in info:  # a real episode end (an Atari life loss is done without one)
-                        self.episodes.append({k: float(v) for k, v in info["episode"].items()})
-                    if cut:
-                        self._keep_final(slot, t, obs)
-                    obs, _ = self.envs[e].reset()
-            except Exception as ex:
-                obs, reward, done, cut = self._replace_env(e, ex), 0.0, True, False
-            self.rewards_np[slot, t] = min(max(reward * self.reward_scale, -self.reward_clip), self.reward_clip)
-            self.dones_np[slot, t] = float(done)
-            self.truncated_np[slot, t] = float(cut)
-            t += 1
-            self._write_obs(e, obs, slot, t)
-            if done:
-                self.rnn_np[slot, t] = 0.0  # the next step starts a new episode: fresh recurrent state
-            if t == T:
-                new_slot = self._next_slot(e, interval=self.interval[g] + 1)
-                for k in self.obs_np:
-                    self.obs_np[k][new_slot, 0] = self.obs_np[k][slot, T]
-                self.rnn_np[new_slot, 0] = self.rnn_np[slot, T]
-                self.finished.append(slot)
-                slot, t = new_slot, 0
-            slots[i], ts[i] = slot, t
+        self.next_interval = self.interval[g] + 1
+        if self.A == 1:
+            for i, e in enumerate(range(lo, hi)):
+                slots[i], ts[i] = self._step_env(e, actions[i], slots[i], ts[i])
+        else:
+            for j, e in enumerate(range(g * self.envs_per_group, (g + 1) * self.envs_per_group)):
+                k = j * self.A
+                slots[k:k + self.A], ts[k:k + self.A] = self._step_multiagent_env(e, actions[k:k + self.A],
+                                                                                  slots[k:k + self.A], ts[k:k + self.A])
         self.slot[lo:hi], self.t[lo:hi] = slots, ts
         self.env_slots_np[self.w, lo:hi, 0] = slots
         self.env_slots_np[self.w, lo:hi, 1] = ts
@@ -246,6 +284,72 @@ class RolloutWorker:
                 self.waiting[g] = int(self.interval[g])
                 return
         self._request_actions(g)
+
+    def _step_env(self, e: int, action, slot: int, t: int) -> tuple[int, int]:
+        """One step of single-agent env e (agent e); returns the agent's (slot, t) after it."""
+        if self.scalar_action[e]:
+            action = action[0] if self.discrete else action
+        final = None
+        info: dict = {}
+        try:
+            obs, reward, terminated, truncated, info = self.envs[e].step(action)
+            done = terminated or truncated
+            cut = truncated and not terminated  # a time limit: the learner bootstraps from the final observation
+            if done:
+                if cut:
+                    final = obs
+                obs, _ = self.envs[e].reset()
+        except Exception as ex:
+            obs, reward, done, cut, info = self._replace_env(e, ex), 0.0, True, False, {}
+        return self._record(e, slot, t, obs, reward, done, cut, info, final)
+
+    def _step_multiagent_env(self, e: int, actions, slots: list, ts: list) -> tuple[list, list]:
+        """One step of multi-agent env e (all its agents act together; it resets itself); returns its agents' new
+        (slots, ts)."""
+        if self.scalar_action[e]:
+            actions = [a[0] if self.discrete else a for a in actions]
+        try:
+            obs, rewards, terminated, truncated, infos = self.envs[e].step(list(actions))
+        except Exception as ex:
+            obs, rewards = self._replace_env(e, ex), [0.0] * self.A
+            terminated, truncated, infos = [True] * self.A, [False] * self.A, [{}] * self.A
+        out_slots, out_ts = list(slots), list(ts)
+        for a in range(self.A):
+            cut = bool(truncated[a]) and not terminated[a]
+            final = infos[a].get("final_obs") if cut else None
+            out_slots[a], out_ts[a] = self._record(e * self.A + a, slots[a], ts[a], obs[a], rewards[a],
+                                                   bool(terminated[a] or truncated[a]), cut, infos[a], final)
+        return out_slots, out_ts
+
+    def _record(self, i: int, slot: int, t: int, obs: dict, reward: float, done: bool, cut: bool, info: dict,
+                final) -> tuple[int, int]:
+        """Write agent i's step t (reward, done) and its next observation; at an episode end its report and its next
+        episode's policy; at the trajectory's end hand the slot to its policy's learner and take the next one.
+        obs: the observation after the step (after the reset when done); final: the last observation of an episode
+        cut by a time limit (None otherwise). Returns agent i's (slot, t) after the step."""
+        if done and "episode" in info:  # a real episode end (an Atari life loss is done without one)
+            report = {k: float(v) for k, v in info["episode"].items()}
+            report["policy"] = float(self.policy[i])
+            self.episodes.append(report)
+        if cut and final is not None:
+            self._keep_final(slot, t, final)
+        self.rewards_np[slot, t] = min(max(reward * self.reward_scale, -self.reward_clip), self.reward_clip)
+        self.dones_np[slot, t] = float(done)
+        self.truncated_np[slot, t] = float(cut)
+        t += 1
+        self._write_obs(obs, slot, t)
+        if done:
+            self.rnn_np[slot, t] = 0.0  # the next step starts a new episode: fresh recurrent state
+            self._episode_start(i)
+        if t == self.T:
+            new_slot = self._next_slot(i, interval=self.next_interval)
+            for k in self.obs_np:
+                self.obs_np[k][new_slot, 0] = self.obs_np[k][slot, self.T]
+            self.rnn_np[new_slot, 0] = self.rnn_np[slot, self.T]
+            self.finished[self.slot_policy[i]].append(slot)
+            self.slot_policy[i] = self.policy[i]
+            slot, t = new_slot, 0
+        return slot, t
 
     def _keep_final(self, slot: int, t: int, obs: dict) -> None:
         """The last observation of an episode cut at step t, and the RNN state that follows it (written by the policy

@@ -343,3 +343,30 @@ def test_nonfinite_gradient_skips_the_step():
     assert not torch.isfinite(torch.tensor(stats[0]["grad_norm"]))
     for k, v in model.named_parameters():
         assert torch.equal(v, before[k]), k
+
+
+@LAG_CASES
+def test_steps_of_another_policy_are_masked_exactly(obs_space, action_space, overrides):
+    """Populations: a trajectory slot holds steps another policy acted after it took the agent over (mb["own"] False).
+    The same samples as the lag test above, masked by ownership instead of lag (which masks nothing here): their
+    contents, replaced or poisoned, change nothing bit for bit; they are counted as masked; the lag statistics are
+    those of the own samples only."""
+    cfg, model, exp, masked = lag_batch(obs_space, action_space, **overrides)
+    cfg.max_policy_lag = 10 ** 6
+    own = ~masked
+    runs = {name: one_step(cfg, model, {**e, "own": own}) for name, e in (
+        ("original", exp), ("other", {**exp, **masked_replacements(exp, masked, action_space, "other", 1)}),
+        ("poison", {**exp, **masked_replacements(exp, masked, action_space, "poison", 2)}))}
+    stats, ref_grads, ref_weights, _ = runs["original"]
+    assert (stats["num_samples"], stats["num_masked"]) == (24.0, 10.0)
+    lags = (VERSION - exp["policy_versions"])[own].float()
+    assert (stats["lag_min"], stats["lag_max"]) == (lags.min().item(), lags.max().item())
+    assert all(bool((g != 0).any()) for g in ref_grads)
+    for name in ("other", "poison"):
+        s, grads, weights, _ = runs[name]
+        for k in LOSS_STATS:
+            assert s[k] == stats[k], (name, k)
+        assert all(torch.equal(g, r) for g, r in zip(grads, ref_grads)), name
+        assert all(torch.equal(w, r) for w, r in zip(weights, ref_weights)), name
+    unmasked, _, _, _ = one_step(cfg, model, {**exp, **masked_replacements(exp, masked, action_space, "other", 1)})
+    assert unmasked["loss"] != stats["loss"]  # without the mask the replaced samples do count

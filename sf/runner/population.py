@@ -1,0 +1,107 @@
+"""The runner's side of population-based training (--with_pbt, --num_policies N >= 2; decisions in sf/runner/pbt.py).
+
+    objectives   each policy's average over --stats_avg episodes of --pbt_target_objective (true_objective: the win
+                 rate where the env reports wins, i.e. self-play, else the game score where reported, else the reward)
+    decisions    taken when a policy's learner crossed its next --pbt_period_env_steps boundary; applied through shared
+                 memory: hyperparameters -> SharedState.hyperparams (learners) and .shaping (rollout workers, at each
+                 agent's next episode start); a weight copy -> SharedState.replace_from (the learner copies the source's
+                 published weights before its next training batch)
+    records      every decision is a console line, a TensorBoard text (pbt/decisions) and p{i}/pbt/<name> scalars, and
+                 the whole state (hyperparameters, schedule, random generator, history) is written atomically to
+                 train_dir/EXPERIMENT/pbt_state.json after each decision and at the end: a resumed run continues it
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+from sf.cfg import ConfigError, RunError, write_json_atomic
+from sf.processes.shared_state import ENV_STEPS, HYPERPARAMS
+from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
+from sf.seeding import PBT, run_seed, stream_seed
+
+log = logging.getLogger("sf")
+STATE_FILE = "pbt_state.json"
+
+
+def initial_hyperparams(cfg, shaping: dict[str, float]) -> dict[str, float]:
+    """Every policy's starting point: the configuration's learning rate, entropy coefficient, Adam beta1, and the env's
+    reward-shaping coefficients."""
+    return {**{k: float(getattr(cfg, k)) for k in HYPERPARAMS}, **shaping}
+
+
+def fill_shared(state, hyper: list[dict]) -> None:
+    """Write each policy's hyperparameters into SharedState (learners and rollout workers read them from there)."""
+    for p, h in enumerate(hyper):
+        state.hyperparams[p] = torch.tensor([h[k] for k in HYPERPARAMS], dtype=torch.float64)
+        if state.shaping_keys:
+            state.shaping[p] = torch.tensor([h[k] for k in state.shaping_keys], dtype=torch.float64)
+
+
+class PopulationControl:
+    def __init__(self, cfg, exp_dir: Path, shaping: dict[str, float]):
+        """Builds the PBT state: a resumed run's from pbt_state.json, else a fresh one. A state that does not fit this
+        run (another population size, other hyperparameters) is a one-line ConfigError."""
+        self.cfg, self.path = cfg, Path(exp_dir) / STATE_FILE
+        settings = PbtSettings(cfg.pbt_period_env_steps, cfg.pbt_start_mutation, cfg.pbt_replace_fraction,
+                               cfg.pbt_mutation_rate, cfg.pbt_perturb_min, cfg.pbt_perturb_max,
+                               cfg.pbt_replace_reward_gap, cfg.pbt_replace_reward_gap_absolute)
+        self.pbt = PopulationBasedTraining(cfg.num_policies, settings, initial_hyperparams(cfg, shaping),
+                                           default_hyper_specs(tuple(shaping)), stream_seed(run_seed(cfg), PBT))
+        self.objective_key: str | None = None if cfg.pbt_target_objective == "true_objective" else cfg.pbt_target_objective
+        self.resumed = False
+        if cfg.restart_behavior == "resume" and self.path.exists():
+            try:
+                self.pbt.load_state_dict(json.loads(self.path.read_text()))
+            except OSError as e:
+                raise RunError(f"cannot read {self.path}: {e.strerror or e}") from None
+            except ValueError as e:  # malformed JSON or a state of another population
+                raise ConfigError(f"{self.path}: {' '.join(str(e).split())} (move it aside to start PBT afresh)") from None
+            self.resumed = True
+
+    def hyperparams(self) -> list[dict]:
+        return [self.pbt.hyperparams(p) for p in range(self.cfg.num_policies)]
+
+    def objectives(self, stats) -> list[float]:
+        """Each policy's objective (NaN: no episode yet). true_objective is fixed by the first episodes seen."""
+        if self.objective_key is None:
+            seen = set().union(*(p.episodes for p in stats.policies))
+            if not seen:
+                return [math.nan] * len(stats.policies)
+            self.objective_key = "win" if "win" in seen else "score" if "score" in seen else "reward"
+            log.info("PBT ranks the policies by their average %s (--pbt_target_objective true_objective)",
+                     self.objective_key)
+        return [p.mean(self.objective_key) for p in stats.policies]
+
+    def step(self, state, stats) -> None:
+        """Decide for every policy whose learner crossed a boundary; apply, log and record the decisions."""
+        objectives = None
+        decided = False
+        for p in range(self.cfg.num_policies):
+            env_steps = int(state.learner[p, ENV_STEPS])
+            if env_steps < max(self.pbt.next_update[p], self.cfg.pbt_start_mutation):
+                continue
+            objectives = objectives if objectives is not None else self.objectives(stats)
+            for d in self.pbt.update(p, env_steps, objectives):
+                decided = True
+                log.info("%s", d.line())
+                stats.texts.append(("pbt/decisions", d.line()))
+                if d.kind == "replace":
+                    state.replace_from[d.policy] = d.source
+        if decided:
+            hyper = self.hyperparams()
+            fill_shared(state, hyper)
+            self.record(stats, hyper)
+            self.save()
+
+    def record(self, stats, hyper: list[dict]) -> None:
+        for p, h in enumerate(hyper):
+            stats.policies[p].hyperparams = dict(h)
+
+    def save(self) -> None:
+        """pbt_state.json, atomically (a crash leaves the previous state or the new one, never half of one)."""
+        write_json_atomic(self.path, self.pbt.state_dict())
