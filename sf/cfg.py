@@ -264,10 +264,10 @@ PARAMS: list[Param] = [
       "agents' policies (a change takes effect at each agent's next episode start)", scope="train", min_value=1,
       max_value=10**9),
     P("pbt_mix_policies_in_one_env", str2bool, True, "Agents of one env may be played by different policies (False: "
-      "every agent of an env by the same policy)", scope="train"),
+      "every agent of an env by the same policy)", scope="train", nargs="?"),
     P("with_pbt", str2bool, False, "Population-based training (needs --num_policies 2 or more): every "
       "--pbt_period_env_steps the bottom 70%% of the policies mutate their hyperparameters, the worst 30%% copy the "
-      "weights and hyperparameters of one of the best 30%%; False: independent policies", scope="train"),
+      "weights and hyperparameters of one of the best 30%%; False: independent policies", scope="train", nargs="?"),
     P("pbt_period_env_steps", int, 5_000_000, "PBT: env frames of a policy between two of its PBT decisions",
       scope="train", min_value=1, max_value=10**15),
     P("pbt_start_mutation", int, 20_000_000, "PBT: no decision before a policy trained on this many env frames",

@@ -7,7 +7,8 @@ Panels (the tags are those of sf/runner/stats.py; the step of every scalar is th
     reward_time  reward/reward vs wall time since the experiment's first summary (a resumed run's pause included)
     fps          perf/_fps (env frames per second over the last 10 s) vs env frames
     lag          train/policy_lag_avg (line) within train/policy_lag_min..max (band), in SGD steps, vs env frames
-Several experiments share each panel: one colour per experiment, the legend gives the experiment directory's name.
+Several experiments share each panel: one colour per experiment, the legend gives the experiment directory's name. A
+population's experiment (--num_policies N: series tagged p{i}/...) is drawn as one curve per policy, 'exp/p{i}'.
 --smooth is TensorBoard's smoothing (a debiased exponential moving average); the raw values are drawn faintly behind.
 
 Event files are read with TensorBoard's own reader (tensorboard.backend.event_processing.event_file_loader), file by
@@ -237,6 +238,23 @@ def experiment_labels(dirs: list[Path]) -> list[str]:
     return [str(d) for d in dirs]
 
 
+def split_policies(label: str, scalars: dict) -> dict[str, dict]:
+    """A population's experiment (its series tagged p{i}/...) as one run per policy, labelled 'label/p{i}', with the
+    prefix dropped; the global series (perf/, memory/) go with policy 0's run. One policy: {label: scalars}."""
+    prefixed = [t for t in scalars if t.startswith("p") and "/" in t and t.split("/", 1)[0][1:].isdigit()]
+    if not prefixed:
+        return {label: scalars}
+    policies = sorted({int(t.split("/", 1)[0][1:]) for t in prefixed})
+    out = {f"{label}/p{i}": {} for i in policies}
+    for tag, points in scalars.items():
+        head, _, rest = tag.partition("/")
+        if tag in prefixed:
+            out[f"{label}/p{int(head[1:])}"][rest] = points
+        else:
+            out[f"{label}/p{policies[0]}"][tag] = points
+    return out
+
+
 def check_experiment_dir(d: Path) -> None:
     """Raises a one-line ConfigError unless d is a directory holding event files (naming sub-directories that do,
     for `python -m sf.plot train_dir`)."""
@@ -308,11 +326,13 @@ def run_plot(args: argparse.Namespace) -> Path:
     if out is None:  # one experiment: beside its event files; several: here, as none of them owns the comparison
         out = dirs[0] / DEFAULT_OUT_NAME if len(dirs) == 1 else Path(DEFAULT_OUT_NAME)
     check_out(out)
-    labels = experiment_labels(dirs)
     try:
-        runs = {label: read_scalar_events(d) for label, d in zip(labels, dirs)}
+        runs = {}
+        for label, d in zip(experiment_labels(dirs), dirs):
+            runs.update(split_policies(label, read_scalar_events(d)))
     except OSError as e:
         raise RunError(f"cannot read {e.filename or dirs}: {e.strerror or e}") from None
+    labels = list(runs)
     series, unit = panel_series(runs, panels, args.smooth)
     try:
         render(series, unit, labels, args.smooth, out, args.title)

@@ -51,6 +51,17 @@ ENV_PARAMS: list[dict] = [
        "so this bounds each engine's growth at a few MiB; 0: never", min_value=0, max_value=10**12),
     _p("doom_bots_timelimit", float, 4.0, "Match length in minutes of game time for doom_*_bots", min_value=0.1,
        max_value=10000.0),
+    _p("doom_multiplayer_timelimit", float, 4.0, "Match length in minutes of game time for the multi-agent Doom envs "
+       "(doom_duel, doom_deathmatch_full)", min_value=0.01, max_value=10000.0),
+    _p("doom_multiplayer_timeout_sec", float, 30.0, "Multi-agent Doom: a step (or a match start) of the match's engines "
+       "that takes longer than this, or an engine that is gone, ends the match (engines killed, every agent truncated) "
+       "and starts a new one", min_value=1.0, max_value=3600.0),
+    _p("doom_multiplayer_port_min", int, 25000, "Multi-agent Doom: lowest UDP port a match's host may use (ports are "
+       "locked per user under the temp directory, so concurrent envs and runs never share one)", min_value=1024,
+       max_value=65535),
+    _p("doom_multiplayer_port_max", int, 29999, "Multi-agent Doom: highest UDP port a match's host may use (keep the "
+       "range out of the kernel's ephemeral ports, /proc/sys/net/ipv4/ip_local_port_range)", min_value=1024,
+       max_value=65535),
     _rew("doom_rew_frag", 1.0, "Reward per frag (duel/deathmatch)"),
     _rew("doom_rew_suicide", 1.5, "Penalty per lost frag (suicide) (duel/deathmatch)"),
     _rew("doom_rew_death", 0.75, "Penalty per death (duel/deathmatch)"),

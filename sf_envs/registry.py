@@ -46,7 +46,7 @@ _FAMILY_CACHE: dict[str, dict[str, EnvSpec]] = {}
 
 # --- built-in families ----------------------------------------------------------------------------
 def _doom_specs() -> dict[str, EnvSpec]:
-    from sf_envs.doom.scenarios import SCENARIOS
+    from sf_envs.doom.scenarios import ALL_SCENARIOS
 
     def factory_for(sc):
         def factory(cfg, env_index=0, render_mode=None):
@@ -64,7 +64,7 @@ def _doom_specs() -> dict[str, EnvSpec]:
         return check
 
     return {sc.name: EnvSpec(sc.name, "doom", sc.frameskip, sc.gamma, sc.description, num_agents=sc.num_agents,
-                             factory=factory_for(sc), check=check_for(sc)) for sc in SCENARIOS}
+                             factory=factory_for(sc), check=check_for(sc)) for sc in ALL_SCENARIOS}
 
 
 def _atari_specs() -> dict[str, EnvSpec]:

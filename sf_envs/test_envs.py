@@ -256,10 +256,10 @@ class TestRace(gym.Env):
             truncated[i] = not terminated[i] and self.steps[i] >= self.MAX_STEPS
             self.returns[i] += rewards[i]
         obs = [self._obs(i) for i in range(self.NUM_AGENTS)]
+        wins = [float(terminated[i] and self.steps[i] < self.last_length[1 - i]) for i in range(self.NUM_AGENTS)]
         for i in range(self.NUM_AGENTS):
             if terminated[i] or truncated[i]:
-                win = float(terminated[i] and self.steps[i] < self.last_length[1 - i])
-                infos[i]["episode"] = {"reward": self.returns[i], "length": self.steps[i], "win": win}
+                infos[i]["episode"] = {"reward": self.returns[i], "length": self.steps[i], "win": wins[i]}
                 if truncated[i]:
                     infos[i]["final_obs"] = obs[i]
                 self.last_length[i] = self.steps[i] if terminated[i] else self.MAX_STEPS

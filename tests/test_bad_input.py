@@ -586,7 +586,7 @@ def test_memory_cannot_fit(world, args, at_least_gib):
     shm_before = set(os.listdir("/dev/shm"))
     res = run_in_world(world, "train.py", ["--train_dir", "{td}", *args], 2,
                        ["this configuration needs about", "GiB of memory", "GiB is available",
-                        "lower --num_workers, --num_envs_per_worker, --batch_size or the model size"], timeout=90)
+                        "lower --num_workers, --num_envs_per_worker, --num_policies, --batch_size or the model size"], timeout=90)
     assert res.seconds < 60, f"took {res.seconds:.0f} s to refuse\n{res.show()}"
     left = shm_leftovers(shm_before)
     assert not left, f"/dev/shm files left behind: {sorted(left)}"

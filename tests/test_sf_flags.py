@@ -273,9 +273,8 @@ def test_alias_mistakes_are_one_line(tmp_path, args, needle):
 # --- refused and ignored flags ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("script, args, needle", [
     ("train.py", ["--algo=A2C"], "--algo A2C: only APPO is implemented here"),
-    ("train.py", ["--num_policies=2"], "--num_policies 2: populations are not implemented yet"),
-    ("train.py", ["--with_pbt=True"], "--with_pbt True: population-based training is not implemented yet"),
-    ("enjoy.py", ["--policy_index=1"], "--policy_index 1: one policy per experiment here"),
+    ("train.py", ["--pbt_optimize_gamma=True"], "--pbt_optimize_gamma True: PBT mutates the learning rate"),
+    ("train.py", ["--num_policies=2", "--sync_mode=hts"], "--sync_mode hts trains one policy; a population"),
 ])
 def test_refused_flags_one_line_exit_2(entry, tmp_path, script, args, needle):
     res = entry(script, "--env", "test_corridor", "--train_dir", str(tmp_path), *args)
@@ -290,11 +289,11 @@ def test_refused_flags_one_line_exit_2(entry, tmp_path, script, args, needle):
     (["--kl_loss_coeff=0.1"], "--kl_loss_coeff 0.1: a KL penalty is not implemented"),
     (["--lr_schedule=kl_adaptive_epoch"], "--lr_schedule kl_adaptive_epoch: only a constant --learning_rate"),
     (["--wide_aspect_ratio=True"], "--wide_aspect_ratio True: the game renders 4:3"),
-    (["--num_agents=2"], "--num_agents 2: multi-agent envs"),
+    (["--num_agents=2"], "--num_agents 2: the env decides how many agents it hosts"),
     (["--rnn_num_layers=2"], "--rnn_num_layers 2: the recurrent core has one layer here"),
     (["--decoder_mlp_layers", "64"], "--decoder_mlp_layers 64: no layers between the core and the heads"),
     (["--encoder_type=resnet"], "--encoder_type resnet: resnet encoders are not implemented"),
-    (["--with_pbt"], "--with_pbt True:"),  # a bare boolean flag means True, as in Sample Factory
+    (["--pbt_optimize_batch_size"], "--pbt_optimize_batch_size True:"),  # a bare boolean flag means True, as in SF
     (["--num_policies=x"], "--num_policies: expected an integer, got 'x'"),
 ])
 def test_refused_values_name_the_flag_and_what_is_supported(tmp_path, args, needle):
@@ -313,20 +312,20 @@ def test_supported_values_of_selecting_flags_are_accepted_silently(tmp_path):
 
 
 def test_ignored_flags_are_noted_not_stored(tmp_path):
-    cfg = _parse(tmp_path, "--benchmark", "--summaries_use_frameskip=False", "--pbt_period_env_steps=5000000",
-                 "--pbt_replace_reward_gap=0.5", "--decorrelate_envs_on_one_worker=True", "--num_batches_to_accumulate=2",
+    cfg = _parse(tmp_path, "--benchmark", "--summaries_use_frameskip=False", "--decorrelate_experience_max_seconds=120",
+                 "--decorrelate_envs_on_one_worker=True", "--num_batches_to_accumulate=2",
                  "--actor_worker_gpus", "0", "1", "--obs_scale=255.0")
     notes = cfg._notes
     assert "--benchmark True: ignored; Sample Factory's benchmark mode; see --sampler_only, --random_policy" in notes
     assert any(n.startswith("--summaries_use_frameskip False: ignored; ") for n in notes), notes
-    assert ("--pbt_period_env_steps 5000000, --pbt_replace_reward_gap 0.5: ignored; population-based training is not "
-            "implemented (--with_pbt False)") in notes  # one line for the flags of one reason
+    assert ("--decorrelate_experience_max_seconds 120, --decorrelate_envs_on_one_worker True: ignored; no start-up "
+            "decorrelation delays here: envs are seeded apart") in notes  # one line for the flags of one reason
     assert any(n.startswith("--actor_worker_gpus 0 1: ignored; ") for n in notes), notes
     assert all("\n" not in n for n in notes)
     saved = json.loads(save_cfg(cfg, tmp_path / "e").read_text())
-    assert not {"benchmark", "summaries_use_frameskip", "pbt_period_env_steps", "actor_worker_gpus"} & set(saved)
-    with pytest.raises(ConfigError, match=r"^--pbt_period_env_steps: expected an integer, got 'x'$"):
-        _parse(tmp_path, "--pbt_period_env_steps=x")  # the type is still checked
+    assert not {"benchmark", "summaries_use_frameskip", "decorrelate_experience_max_seconds", "actor_worker_gpus"} & set(saved)
+    with pytest.raises(ConfigError, match=r"^--num_batches_to_accumulate: expected an integer, got 'x'$"):
+        _parse(tmp_path, "--num_batches_to_accumulate=x")  # the type is still checked
 
 
 def test_every_sf_flag_is_classified_once_and_never_shadows_a_parameter():
@@ -403,5 +402,6 @@ def test_sample_factory_command_trains_end_to_end(entry, tmp_path):
     assert "--wide_aspect_ratio False: " in log and "--benchmark False: ignored; " in log
     saved = json.loads((tmp_path / "DoomBasic" / "config.json").read_text())
     assert saved["num_epochs"] == 1 and saved["sync_mode"] == "async" and saved["use_rnn"] is True
-    assert not {"ppo_epochs", "algo", "wide_aspect_ratio", "num_policies", "benchmark", "async_rl"} & set(saved)
+    assert not {"ppo_epochs", "algo", "wide_aspect_ratio", "benchmark", "async_rl"} & set(saved)
+    assert saved["num_policies"] == 1
     assert list((tmp_path / "DoomBasic" / "checkpoint_p0").glob("checkpoint_*.pth"))

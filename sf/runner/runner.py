@@ -234,6 +234,11 @@ class Runner:
         self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
         # one trajectory stream per agent; every learner holds up to two training batches
         num_agents = cfg.num_workers * cfg.num_envs_per_worker * self.num_agents
+        if cfg.policy_mapping == "fixed" and self.num_policies > num_agents:
+            raise ConfigError(f"--policy_mapping fixed: {self.num_policies} policies but {num_agents} agents "
+                              f"(num_workers x num_envs_per_worker x {self.num_agents} agents per env): policies "
+                              f"{num_agents}-{self.num_policies - 1} would never play; use more envs or --policy_mapping "
+                              "random")
         batches = self.num_policies * self.trajs_per_batch
         self.num_slots = cfg.num_traj_buffers or num_agents + 2 * batches
         if cfg.sync_mode != "async":  # two storages of one slot per env (HTS-RL); --num_traj_buffers does not apply

@@ -70,20 +70,54 @@ def bots_config(difficulty: int, num_bots: int) -> str:
     return str(path)
 
 
+SHAPING_PARAMS = {  # the coefficients (sf_envs/params.py names) of each shaping kind
+    "gathering": ("doom_rew_gathering_health",),
+    "battle": ("doom_rew_health_gain", "doom_rew_health_loss", "doom_rew_armor_gain", "doom_rew_armor_loss",
+               "doom_rew_weapon_pickup", "doom_rew_weapon_loss", "doom_rew_ammo_pickup", "doom_rew_ammo_use",
+               "doom_rew_frag", "doom_rew_suicide", "doom_rew_death", "doom_rew_hit", "doom_rew_damage",
+               "doom_rew_weapon_hold"),
+}
+SHAPING_PARAMS["deathmatch"] = SHAPING_PARAMS["battle"]
+
+
+def shaping_coeffs(cfg, kind: str) -> dict:
+    """The shaping coefficients of `kind` by param name, from cfg (table defaults where cfg is None or lacks one)."""
+    return {n: float(get_param(cfg, n)) for n in SHAPING_PARAMS.get(kind, ())}
+
+
 class DoomRewardShaper:
     """Sample Factory's shaping of appendix A.3: rewards from changes of game variables between steps.
 
     Every term is gain_coeff * delta for an increase and loss_coeff * delta for a decrease (delta < 0), with
     the coefficients of sf_envs/params.py; plus a per-step bonus for holding one loaded weapon 5+ steps.
     Nothing on the first step of an episode, on its last step, or on the step a dead player respawns.
+    `coeffs` is a cfg namespace or a dict of coefficients by param name (missing ones: the table defaults);
+    set_coeffs() changes them (population-based training mutates them per policy).
     """
 
-    def __init__(self, cfg, kind: str, var_index: dict):
-        g = lambda n: float(get_param(cfg, n))  # noqa: E731
+    def __init__(self, coeffs, kind: str, var_index: dict):
         self.kind = kind
         self.idx = var_index
+        self.coeffs = shaping_coeffs(None, kind)
+        self.set_coeffs(coeffs if isinstance(coeffs, dict) else shaping_coeffs(coeffs, kind))
+        self.sel = var_index.get("SELECTED_WEAPON")
+        self.sel_ammo = var_index.get("SELECTED_WEAPON_AMMO")
+        self.health = var_index.get("HEALTH")
+        self.dead = var_index.get("DEAD")
+        self.prev: Optional[np.ndarray] = None
+        self.selected = deque(maxlen=5)
+
+    def set_coeffs(self, coeffs: dict) -> None:
+        """Update some or all coefficients (by param name) from the next step on; KeyError for a name this kind of
+        shaping does not use."""
+        unknown = sorted(set(coeffs) - set(self.coeffs))
+        if unknown:
+            raise KeyError(f"{self.kind} reward shaping has no coefficient(s) {', '.join(unknown)} "
+                           f"(it has: {', '.join(self.coeffs) or 'none'})")
+        self.coeffs.update({n: float(v) for n, v in coeffs.items()})
+        g = self.coeffs.get
         terms = {}
-        if kind == "gathering":
+        if self.kind == "gathering":
             self.gathering_reward = g("doom_rew_gathering_health")
         else:
             terms["HEALTH"] = (g("doom_rew_health_gain"), g("doom_rew_health_loss"), None)
@@ -98,13 +132,7 @@ class DoomRewardShaper:
             terms["DAMAGECOUNT"] = (g("doom_rew_damage"), 0.0, 200.0)
             self.hold = g("doom_rew_weapon_hold")
         # (index into the game-variable vector, gain, loss, cap) for the variables this scenario has
-        self.terms = [(var_index[n], gain, loss, cap) for n, (gain, loss, cap) in terms.items() if n in var_index]
-        self.sel = var_index.get("SELECTED_WEAPON")
-        self.sel_ammo = var_index.get("SELECTED_WEAPON_AMMO")
-        self.health = var_index.get("HEALTH")
-        self.dead = var_index.get("DEAD")
-        self.prev: Optional[np.ndarray] = None
-        self.selected = deque(maxlen=5)
+        self.terms = [(self.idx[n], gain, loss, cap) for n, (gain, loss, cap) in terms.items() if n in self.idx]
 
     def reset(self, v: Optional[np.ndarray]) -> None:
         self.prev = None if v is None else self._clean(v)
@@ -181,6 +209,7 @@ class DoomEnv(gym.Env):
         self.var_index = {n: i for i, n in enumerate(self.var_names)}
         self.shaper = DoomRewardShaper(cfg, scenario.shaping, self.var_index) if scenario.shaping != "none" else None
         self.num_bots = 0
+        self.bots_difficulty = None
         if scenario.num_bots:
             nb = get_param(cfg, "doom_num_bots")
             self.num_bots = scenario.num_bots if nb is None else int(nb)
@@ -204,7 +233,8 @@ class DoomEnv(gym.Env):
         self._reset_stats()
 
     # --- game lifecycle ---
-    def _start_game(self) -> None:
+    def _new_game(self):
+        """A configured DoomGame, not started yet."""
         import vizdoom as vzd
         check_scenario(self.scenario, self.config_path)  # again before each engine start (cached: a few stats)
         game = vzd.DoomGame()
@@ -223,15 +253,27 @@ class DoomEnv(gym.Env):
         game.set_available_game_variables([getattr(vzd.GameVariable, v) for v in self.var_names])
         for key, value in self.scenario.settings.items():
             getattr(game, f"set_{key}")(value)
+        self._add_match_args(game)
+        return game
+
+    def _add_match_args(self, game) -> None:
+        """With bots: a deathmatch hosted for this one player (doom_multiplayer.py overrides it for a match)."""
         if self.num_bots or self.scenario.num_bots:
             minutes = float(get_param(self.cfg, "doom_bots_timelimit"))
-            args = ["-host 1", "-deathmatch", f"+timelimit {minutes}", "+sv_forcerespawn 1", "+sv_noautoaim 1",
-                    "+sv_respawnprotect 1", "+sv_spawnfarthest 1", "+sv_nocrouch 1", "+sv_nojump 1", "+sv_nofreelook 1",
-                    "+sv_noexit 1", "+viz_respawn_delay 2", "+name AI +colorset 0"]
-            if self.bots_difficulty is not None:
-                args.append(f"+viz_bots_path {bots_config(self.bots_difficulty, max(self.num_bots, 1))}")
-            game.add_game_args(" ".join(args))
+            game.add_game_args(" ".join(["-host 1", *self._match_args(minutes), "+name AI +colorset 0"]))
             game.set_episode_timeout(int(minutes * 60 * game.get_ticrate()))
+
+    def _match_args(self, minutes: float) -> list:
+        """The engine arguments of a deathmatch host: rules, match length, bots' skill."""
+        args = ["-deathmatch", f"+timelimit {minutes}", "+sv_forcerespawn 1", "+sv_noautoaim 1", "+sv_respawnprotect 1",
+                "+sv_spawnfarthest 1", "+sv_nocrouch 1", "+sv_nojump 1", "+sv_nofreelook 1", "+sv_noexit 1",
+                "+viz_respawn_delay 2"]
+        if self.num_bots and self.bots_difficulty is not None:
+            args.append(f"+viz_bots_path {bots_config(self.bots_difficulty, max(self.num_bots, 1))}")
+        return args
+
+    def _start_game(self) -> None:
+        game = self._new_game()
         seed = self._take_seed()
         if seed is not None:
             game.set_seed(seed)
@@ -323,6 +365,11 @@ class DoomEnv(gym.Env):
                 self.game.set_seed(s)
             self.game.new_episode()
         self._add_bots()
+        self._begin_episode()
+        return self._obs, {}
+
+    def _begin_episode(self) -> None:
+        """Counters, score baseline, first observation and shaping state of an episode that has just started."""
         self._episodes += 1
         self._reset_stats()
         if self.scenario.score_var:  # counters such as FRAGCOUNT may carry over episodes: count from here
@@ -331,7 +378,20 @@ class DoomEnv(gym.Env):
         self._read_state()
         if self.shaper is not None:
             self.shaper.reset(self._vars)
-        return self._obs, {}
+
+    # --- reward shaping (population-based training changes it per policy) ---
+    def reward_shaping_defaults(self) -> dict:
+        """This env's shaping coefficients as configured, by param name (doom_rew_*); {} without shaping."""
+        return shaping_coeffs(self.cfg, self.scenario.shaping) if self.shaper is not None else {}
+
+    def set_reward_shaping(self, coeffs: dict, agent: int = 0) -> None:
+        """Change some or all shaping coefficients (by param name) from the next step on; `agent` is ignored (one
+        agent). KeyError for a coefficient this env's shaping does not have."""
+        if self.shaper is None:
+            if coeffs:
+                raise KeyError(f"{self.scenario.name} has no reward shaping (got {', '.join(sorted(coeffs))})")
+            return
+        self.shaper.set_coeffs(coeffs)
 
     def _convert_action(self, action):
         if self._single_actions is not None:
@@ -360,8 +420,11 @@ class DoomEnv(gym.Env):
             timeout = game.is_episode_timeout_reached()
             truncated = bool(timeout) and not self.scenario.num_bots  # a match ends at its time limit
             terminated = not truncated
-            info["episode"] = episode_report(self._ep_reward, self._ep_steps * self.frameskip, self._episode_score())
+            info["episode"] = self._episode_report()
         return self._obs, float(reward), terminated, truncated, info
+
+    def _episode_report(self) -> dict:
+        return episode_report(self._ep_reward, self._ep_steps * self.frameskip, self._episode_score())
 
     def _episode_score(self) -> float:
         if self.scenario.score_var is None or self.scenario.score_var == "USER2":

@@ -5,6 +5,8 @@ starts. The standard scenarios (basic ... health_gathering_supreme) use the maps
 wheel (`vizdoom.scenarios_path`) with Sample Factory's gameplay settings applied programmatically; battle,
 battle2, two_colors, duel, deathmatch and the benchmark use the Sample Factory data fetched by
 `python -m sf_envs.doom.fetch_scenarios` (MIT licence), checked against the digests pinned in scenario_digests.py.
+Scenarios with num_agents > 1 are multi-agent envs: one VizDoom engine per learning agent, joined over VizDoom's
+network mode on localhost (sf_envs/doom/doom_multiplayer.py).
 """
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ class DoomScenario:
     settings: dict = field(default_factory=dict)  # DoomGame setters applied after load_config
     num_bots: int = 0
     files: tuple = ()  # data files the scenario needs (besides cfg_file)
+    num_agents: int = 1  # learning agents per env (> 1: a multiplayer match of that many engines)
 
     @property
     def needs_fetch(self) -> bool:
@@ -180,4 +183,20 @@ SCENARIOS = [
                  files=("battle.wad",)),
 ]
 
-SCENARIOS_BY_NAME = {s.name: s for s in SCENARIOS}
+# Multi-agent (self-play) scenarios, kept apart from the single-agent ones above (one DoomEnv each): Sample Factory
+# 1.x's doom_duel and doom_deathmatch_full (4 agents + 4 bots on freedm, as there).
+MULTIPLAYER_SCENARIOS = [
+    DoomScenario("doom_duel", "ssl2.cfg", "sf", (MOVE, STRAFE, ATTACK, SPRINT, USE, WEAPON, AIM_FULL),
+                 "Duel of 2 learning agents, self-play (ssl2 map, multiplayer; full variant, Table A.4 heads)",
+                 frameskip=2, gamma=0.995, measurements=True, shaping="deathmatch", score_var="FRAGCOUNT",
+                 extra_vars=("DEATHCOUNT", "HITCOUNT", "DAMAGECOUNT"), settings=dict(**_RENDER_FULL),
+                 files=("ssl2.wad",), num_agents=2),
+    DoomScenario("doom_deathmatch_full", "freedm.cfg", "sf", (MOVE, STRAFE, ATTACK, SPRINT, USE, WEAPON, AIM_FULL),
+                 "Deathmatch of 4 learning agents and 4 in-game bots (freedm map, multiplayer; Table A.4 heads)",
+                 frameskip=2, gamma=0.995, measurements=True, shaping="deathmatch", score_var="FRAGCOUNT",
+                 extra_vars=("DEATHCOUNT", "HITCOUNT", "DAMAGECOUNT"), num_bots=4, settings=dict(**_RENDER_FULL),
+                 files=("freedm.wad",), num_agents=4),
+]
+
+SCENARIOS_BY_NAME = {s.name: s for s in SCENARIOS}  # single-agent
+ALL_SCENARIOS = SCENARIOS + MULTIPLAYER_SCENARIOS

@@ -75,8 +75,8 @@ def test_episode_statistics_keeps_an_envs_own_report():
     assert reported == [{"reward": total, "length": 4 * steps} for total, steps in naive]
 
 
-@pytest.mark.parametrize("name", list(TEST_ENVS))
-def test_test_envs_naive_count(name):
+@pytest.mark.parametrize("name", [n for n, cls in TEST_ENVS.items() if getattr(cls, "NUM_AGENTS", 1) == 1])
+def test_test_envs_naive_count(name):  # (test_race, multi-agent: tests/envs/test_env_test_envs.py)
     env = make_env(env_cfg(name, seed=0))
     naive, reported = naive_episodes(env, 30, cut_at=3)
     assert reported == [{"reward": total, "length": steps} for total, steps in naive]
