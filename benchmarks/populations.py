@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Populations (issue 16): what several policies and networked multiplayer games cost, measured in one invocation.
 
-1. Population overhead: the same rollout workers and envs training 1 policy and N policies (a learner and a policy
-   worker each, agents mapped to policies at random, the paper's setup): total env frames/s of the whole run, N vs 1.
+1. Population overhead: the same rollout workers and envs with 1 policy and N policies (a learner and a policy worker
+   each, agents mapped to policies at random, the paper's setup): total env frames/s of the whole run, N vs 1; for the
+   sampler alone with random actions (what routing costs), with the policy forward, and for full training.
    The paper's Table A.3 shows ~4% loss from 4 to 12 agents (4 GPUs); here everything shares 2 CPU cores.
 2. Multiplayer cost (--multiplayer): doom_duel (2 learning agents per match over VizDoom's network mode on localhost,
    frameskip 2) against single-player doom_battle (frameskip 4), sampler only with random actions and full training:
@@ -12,7 +13,7 @@
 Every configuration runs --rounds times, alternating, and each ratio is taken within its round (the machine is shared
 and noisy): medians are reported.
 
-    python benchmarks/populations.py --env doom_battle --policies 1 4 --duration 120 --rounds 2
+    python benchmarks/populations.py --env doom_battle --policies 1 4 --duration 120 --rounds 2 --pop_modes random train
     python benchmarks/populations.py --multiplayer --duration 60 --rounds 2 --skip_population
 """
 from __future__ import annotations
@@ -39,26 +40,31 @@ def run(flags: list[str], tmp: str, duration: int, what: str) -> dict:
     return res
 
 
+POP_MODES = {"random": ("sampler only, random actions", ["--sampler_only", "True", "--random_policy", "True"]),
+             "policy": ("sampler only, policy forward", ["--sampler_only", "True"]),
+             "train": ("full training", [])}
+
+
 def population_overhead(args, tmp: str) -> None:
     base = ["--env", args.env, "--num_workers", str(args.num_workers), *PAPER_DOOM, *args.extra]
-    fps: dict[int, list[float]] = {n: [] for n in args.policies}
-    lags: dict[int, list[float]] = {n: [] for n in args.policies}
+    fps: dict[tuple, list[float]] = {}
     for rnd in range(args.rounds):
-        for n in args.policies:
-            res = run([*base, "--num_policies", str(n), "--experiment", f"pop{n}"], tmp, args.duration,
-                      f"round {rnd + 1}, {n} {'policy' if n == 1 else 'policies'}")
-            fps[n].append(res["fps_median"])
-            lags[n].append(res["lag_avg"])
+        for mode in args.pop_modes:
+            for n in args.policies:
+                res = run([*base, *POP_MODES[mode][1], "--num_policies", str(n), "--experiment", f"pop{n}"], tmp,
+                          args.duration, f"round {rnd + 1}, {POP_MODES[mode][0]}, {n} {'policy' if n == 1 else 'policies'}")
+                fps.setdefault((mode, n), []).append(res["fps_median"])
     ref = args.policies[0]
     rows = []
-    for n in args.policies:
-        ratios = [f / r for f, r in zip(fps[n], fps[ref])]
-        rows.append([n, f"{statistics.median(fps[n]):.0f}", f"{statistics.median(ratios):.2f}",
-                     " ".join(f"{x:.2f}" for x in ratios), f"{statistics.mean(lags[n]):.1f}"])
-    print(f"\n## Population overhead: {args.env}, full training, {args.num_workers} rollout workers, the paper's model "
-          f"and batch (configs/doom.json), one learner and one policy worker per policy\n")
-    print(table(rows, ["policies", "env frames/s, all policies (median)", f"ratio to {ref} (median)",
-                       "ratio per round", "policy lag avg (SGD steps)"]))
+    for mode in args.pop_modes:
+        for n in args.policies:
+            ratios = [f / r for f, r in zip(fps[(mode, n)], fps[(mode, ref)])]
+            rows.append([POP_MODES[mode][0], n, f"{statistics.median(fps[(mode, n)]):.0f}",
+                         f"{statistics.median(ratios):.2f}", " ".join(f"{x:.2f}" for x in ratios)])
+    print(f"\n## Population overhead: {args.env}, {args.num_workers} rollout workers x the preset's envs, the paper's "
+          f"model and batch (configs/doom.json), one learner and one policy worker per policy, agents mapped at random\n")
+    print(table(rows, ["mode", "policies", "env frames/s, all policies (median)", f"ratio to {ref} (median)",
+                       "ratio per round"]))
 
 
 def multiplayer_cost(args, tmp: str) -> None:
@@ -95,6 +101,7 @@ def main() -> None:
     ap.add_argument("--num_workers", type=int, default=2)
     ap.add_argument("--duration", type=int, default=120, help="seconds per run")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--pop_modes", nargs="+", default=["random", "policy", "train"], choices=list(POP_MODES))
     ap.add_argument("--multiplayer", action="store_true", help="also measure doom_duel against doom_battle")
     ap.add_argument("--mp_envs_per_worker", type=int, default=4, help="envs per rollout worker of the multiplayer runs")
     ap.add_argument("--skip_population", action="store_true", help="only the multiplayer measurement")

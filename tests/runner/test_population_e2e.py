@@ -85,6 +85,18 @@ def test_pbt_mutates_copies_records_and_resumes(tmp_path, entry):
     assert len(later["history"]) > len(state["history"])
 
 
+def stop_with_ctrl_c(proc, log, policies: int) -> None:
+    """SIGINT to the runner (killed if it does not stop): exit code 0 and a final checkpoint from every learner."""
+    try:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert len(re.findall(r"Saved final checkpoint .*checkpoint_p\d/", text)) == policies, text[-2000:]
+
+
 def test_sigint_stops_a_population_with_every_final_checkpoint(tmp_path):
     """Ctrl-C (SIGINT to the runner) during a 3-policy run: every learner writes its final checkpoint, exit code 0, no
     process of the run left, no shared memory left."""
@@ -96,13 +108,8 @@ def test_sigint_stops_a_population_with_every_final_checkpoint(tmp_path):
                  120, "policy 2 to train")
         pids = child_pids(log)
         assert {"learner_p0", "learner_p1", "learner_p2", "policy_worker_p2_0"} <= set(pids)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert len(re.findall(r"Saved final checkpoint .*checkpoint_p\d/", text)) == 3, text[-2000:]
+        stop_with_ctrl_c(proc, log, policies=3)
     time.sleep(0.5)
     assert not [p for p in pids.values() if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert shm_files() <= shm_before
@@ -176,16 +183,29 @@ def test_doom_duel_self_play_smoke(tmp_path):
         files = engine_files(engines)
         used_ports = {port for port in map(engine_port, engines) if port is not None}
         assert len(used_ports) == 2  # one port per match, distinct
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert len(re.findall(r"Saved final checkpoint .*checkpoint_p\d/", text)) == 2, text[-2000:]
+        stop_with_ctrl_c(proc, log, policies=2)
     wait_for(lambda: not any(e.is_running() and e.status() != psutil.STATUS_ZOMBIE for e in engines), 10, "engines to end")
     assert not files & shm_files(vizdoom=True)
     for port in used_ports:
         assert ports.udp_port_free(port)
         with open(ports.lock_dir() / f"{port}.lock", "a") as f:  # no lease holds it any more
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_resuming_pbt_with_another_population_size_is_one_line(tmp_path, entry):
+    """A pbt_state.json of 2 policies, resumed with --num_policies 3: refused before anything is written."""
+    from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
+    exp = tmp_path / "e2e"
+    exp.mkdir()
+    pbt = PopulationBasedTraining(2, PbtSettings(), {"learning_rate": 1e-3, "exploration_loss_coeff": 0.01,
+                                                     "adam_beta1": 0.9}, default_hyper_specs(), seed=0)
+    (exp / "pbt_state.json").write_text(json.dumps(pbt.state_dict()))
+    before = {p: p.read_bytes() for p in exp.iterdir()}
+    res = entry("train.py", *train_args(tmp_path, "test_corridor", "--num_policies", "3", "--with_pbt", "True"),
+                timeout=60)
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    line = res.stderr.strip()
+    assert "\n" not in line and line.startswith(f"train.py: error: {exp / 'pbt_state.json'}: "), line
+    assert "move it aside" in line
+    assert {p: p.read_bytes() for p in exp.iterdir()} == before
