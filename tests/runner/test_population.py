@@ -24,7 +24,7 @@ class Population:
     """W rollout workers (worker 0 stepped here), one policy worker per policy, shared buffers; every learner queue
     drained by the test."""
 
-    def __init__(self, tmp_path, env="test_corridor", policies=2, envs=4, rollout=8, *flags):
+    def __init__(self, tmp_path, env="test_corridor", policies=2, envs=4, rollout=8, *flags, shaping_keys=()):
         self.cfg = cfg = parse_cfg(["--env", env, "--num_workers", "1", "--num_envs_per_worker", str(envs),
                                     "--rollout", str(rollout), "--recurrence", str(rollout), "--use_rnn", "False",
                                     "--hidden_size", "16", "--encoder_mlp_layers", "16", "--batch_size", str(rollout * 2),
@@ -40,7 +40,9 @@ class Population:
         self.weights = [SharedWeights(self.model) for _ in range(policies)]
         for p, w in enumerate(self.weights):
             w.publish(self.model, (p + 1) * VERSION_MARK)
-        self.state = SharedState(1, 1, policies)
+        self.state = SharedState(1, 1, policies, shaping_keys)
+        for p in range(policies):  # policy p's reward-shaping coefficients: p + 1 (PBT would mutate them)
+            self.state.shaping[p] = float(p + 1)
         self.env_slots = torch.zeros((1, self.agents, 3), dtype=torch.int64).share_memory_()
         q = self.queues = SimpleNamespace(policy=[Queue() for _ in range(policies)], workers=[Queue()],
                                           learner=[Queue() for _ in range(policies)], free=Queue(),
@@ -182,3 +184,30 @@ def test_episode_reports_name_their_policy(tmp_path):
         pop.close()
     assert {r["policy"] for r in reports} == {0.0, 1.0}
     assert all({"reward", "length", "win"} <= set(r) for r in reports)
+
+
+def test_each_agents_env_gets_its_policys_reward_shaping(tmp_path, monkeypatch):
+    """PBT's shaping coefficients live per policy in SharedState.shaping; at every episode start the rollout worker gives
+    an agent's env those of the policy that plays the agent's new episode (test_race given the methods Doom envs have)."""
+    from sf_envs.test_envs import TestRace
+    calls = []
+    monkeypatch.setattr(TestRace, "reward_shaping_defaults", lambda self: {"coeff": 0.0}, raising=False)
+    monkeypatch.setattr(TestRace, "set_reward_shaping",
+                        lambda self, coeffs, agent=0: calls.append((id(self), agent, coeffs["coeff"])), raising=False)
+    pop = Population(tmp_path, "test_race", 2, 2, 8, "--policy_resample_episodes", "1", shaping_keys=("coeff",))
+    w = pop.worker
+    try:
+        given = {}  # (env, agent) -> the coefficient its env holds now
+        envs = {id(e): i for i, e in enumerate(w.envs)}
+        for _ in range(1500):
+            pop.step()
+            for p in (0, 1):
+                pop.queues.free.put_many(pop.finished(p) or [0][:0])
+            for env_id, agent, coeff in calls:
+                given[(envs[env_id], agent)] = coeff
+            calls.clear()
+            for i in range(w.num_agents):  # every agent's env holds its current policy's coefficients
+                assert given.get((i // 2, i % 2)) == float(w.policy[i] + 1), (i, given, w.policy)
+    finally:
+        pop.close()
+    assert set(given.values()) == {1.0, 2.0}
