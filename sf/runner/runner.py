@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
 import shutil
 import signal
 import sys
@@ -445,7 +446,8 @@ class Runner:
                 rss = psutil.Process(p.pid).memory_info().rss
             except (psutil.Error, TypeError):
                 continue
-            key = name.rsplit("_", 1)[0] + "s" if name[-1].isdigit() else name
+            kind = re.sub(r"(_p\d+)?(_\d+)?$", "", name)  # rollout_worker_3, policy_worker_p1_0, learner_p2
+            key = kind + "s" if kind != name else name  # -> rollout_workers, policy_workers, learners; learner
             groups[key] = groups.get(key, 0) + rss
         self.stats.memory = {k: v / 2**20 for k, v in groups.items()}
 

@@ -35,6 +35,7 @@ def test_two_policies_on_a_multiagent_env_train_checkpoint_and_resume(tmp_path, 
             assert f"p{p}/{tag}" in scalars, (p, tag, sorted(scalars))
         assert max(v for _, v in scalars[f"p{p}/train/policy_version"]) >= 10
     assert "perf/_fps" in scalars and "reward/reward" not in scalars  # global series unprefixed, per-policy prefixed
+    assert {"memory/rss_mb_learners", "memory/rss_mb_policy_workers", "memory/rss_mb_rollout_workers"} <= set(scalars)
     assert "Population: 2 policies (independent), 2 agents per env (16 agents in all)" in res.stdout
     assert len(re.findall(r"Final weights sha256: [0-9a-f]{64} \(policy \d, version", res.stdout)) == 2
 
