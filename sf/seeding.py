@@ -32,6 +32,12 @@ def stream_seed(seed: int, stream: int, *index: int) -> int:
     return int((int(state[0]) << 32 | int(state[1])) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
+def policy_stream(policy_id: int, *index: int) -> tuple:
+    """The stream index of policy `policy_id`'s copy of a stream: policy 0 keeps the one-policy run's (so a one-policy
+    run draws exactly as before populations existed), the others get their own."""
+    return (policy_id, *index) if policy_id else index
+
+
 def action_noise_rng(seed: int, global_env_index: int) -> np.random.Generator:
     """The generator of one env's action noise: the same env index gives the same stream whatever the layout of
     workers and envs per worker."""

@@ -31,7 +31,7 @@ from sf.cfg import sync_minibatches
 from sf.learning.gae import gae
 from sf.learning.losses import appo_loss, masked_mean
 from sf.learning.vtrace import truncation_bootstrap, vtrace
-from sf.seeding import MINIBATCH, run_seed, stream_seed
+from sf.seeding import MINIBATCH, policy_stream, run_seed, stream_seed
 
 STAT_KEYS = ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm",
              "learning_rate", "lag_min", "lag_avg", "lag_max", "masked_fraction", "num_samples", "num_masked",
@@ -49,7 +49,7 @@ class APPO:
         self.num_minibatches = sync_minibatches(cfg) if sync else int(cfg.num_batches_per_epoch)
         self.max_policy_lag = float("inf") if sync else cfg.max_policy_lag
         self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(stream_seed(run_seed(cfg), MINIBATCH, *((policy_id,) if policy_id else ())))
+        self.generator.manual_seed(stream_seed(run_seed(cfg), MINIBATCH, *policy_stream(policy_id)))
 
     def set_hyperparams(self, learning_rate: float, exploration_loss_coeff: float, adam_beta1: float) -> None:
         """Population-based training's mutations, applied from the next SGD step on."""

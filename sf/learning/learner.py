@@ -41,7 +41,7 @@ from sf.learning.checkpoint import (CheckpointManager, check_compatible, load_in
                                     restore_rng_states, weights_sha256)
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.shared_state import ENV_STEPS, FINISHED, HYPERPARAMS, VERSION, learner_name
-from sf.seeding import MODEL, deterministic_kernels, run_seed, stream_seed
+from sf.seeding import MODEL, deterministic_kernels, policy_stream, run_seed, stream_seed
 
 log = logging.getLogger("sf.learner")
 
@@ -64,8 +64,7 @@ class Learner:
         self.heartbeat = shared_state.heartbeat_slot(learner_name(policy_id, shared_state.num_policies))
         if getattr(cfg, "sync_mode", "async") != "async":
             deterministic_kernels(self.device)
-        index = (policy_id,) if policy_id else ()  # policy 0: the one-policy run's streams; others: their own
-        torch.manual_seed(stream_seed(run_seed(cfg), MODEL, *index))  # initial weights
+        torch.manual_seed(stream_seed(run_seed(cfg), MODEL, *policy_stream(policy_id)))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
         self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
@@ -295,8 +294,8 @@ class Learner:
 
 
 def learner_threads(cfg) -> int:
-    """--learner_torch_threads, or by default every core (a population's learners: an equal share each), except in hts mode, where the next batch is collected while
-    this one trains: then half of them (a number independent of the worker layout, so that every layout computes the
+    """--learner_torch_threads, or by default every core (a population's learners: an equal share each), except in hts
+    mode, where the next batch is collected while this one trains: then half of them (a number independent of the worker layout, so that every layout computes the
     same bits). OpenMP threads of a learner that owns every core spin while the workers hold one of them."""
     cores = os.cpu_count() or 1
     if cfg.learner_torch_threads:

@@ -415,7 +415,7 @@ class Runner:
                             self.state.best_metric[p, 0] = metric
                             self.state.best_metric[p, 1] = self.stats.policies[p].num_episodes
                 elif kind == "train":
-                    self.stats.add_train(msg[1], msg[2], msg[3], msg[4] if len(msg) > 4 else 0)
+                    self.stats.add_train(msg[1], msg[2], msg[3], msg[4])
                 elif kind == "stack_file":
                     self.stack_files[msg[1]] = msg[2]
                 elif kind == "checkpoint":
@@ -609,9 +609,7 @@ class Runner:
                 self.state.request_stop()
 
         def train() -> None:
-            for learner in learners:
-                if learner.population:
-                    learner.apply_population_updates()
+            for learner in learners:  # (each applies its PBT updates before training a batch)
                 learner.run_once(timeout=0.0)
 
         def starved() -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from sf.model.actor_critic import create_actor_critic
-from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
+from sf.seeding import POLICY_WORKER, deterministic_kernels, policy_stream, run_seed, stream_seed
 
 
 class PolicyWorker:
@@ -38,7 +38,7 @@ class PolicyWorker:
         self.population = getattr(cfg, "num_policies", 1) > 1 and env_slots.shape[-1] > 2
         self.sync = getattr(cfg, "sync_mode", "async") != "async"
         self.chunk = getattr(cfg, "sync_inference_chunk", 8)
-        index = (worker_idx,) if policy_id == 0 else (policy_id, worker_idx)  # policy 0: the one-policy run's streams
+        index = policy_stream(policy_id, worker_idx)
         torch.manual_seed(stream_seed(run_seed(cfg), POLICY_WORKER, *index))  # action sampling in async mode
         if self.sync:
             deterministic_kernels(device)
