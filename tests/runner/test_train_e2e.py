@@ -261,7 +261,9 @@ def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
         procs = [c for c in psutil.Process(p.pid).children(recursive=True) if c.name() == "vizdoom"]
         engines, files = [c.pid for c in procs], engine_files(procs)
         assert len(engines) == 4, engines
-        assert files and files <= shm_files(vizdoom=True)  # the engines' segments exist
+        assert files
+        # the engines' segments exist (under load an engine still starting may not have made its screen buffer yet)
+        wait_for(lambda: files <= shm_files(vizdoom=True), 30, "the engines' shared memory segments")
         os.kill(p.pid if victim == "runner" else child_pids(log)[victim], signal.SIGKILL)
         rc = p.wait(timeout=60)
     finally:
