@@ -295,8 +295,12 @@ PARAMS: list[Param] = [
       "fresh one (its episode ends there); after this many replacements in one worker the run stops with a checkpoint "
       "(0: the first error stops it)", scope="train", min_value=0, max_value=10**9),
     P("stall_timeout_sec", float, 120.0, "A process that gives no sign of life for this long (alive but stuck, e.g. in an "
-      "env engine that hangs) is reported with its Python stack and the run stops with a checkpoint (0: never)",
-      scope="train", min_value=0.0, max_value=604800.0),
+      "env engine that hangs) is reported with its Python stack, killed and replaced (without self-healing the run "
+      "stops with a checkpoint) (0: never)", scope="train", min_value=0.0, max_value=604800.0),
+    P("max_restarts_per_hour", int, 10, "Self-healing: a rollout worker, policy worker or learner that dies (a signal, "
+      "an exception, a stall) is replaced in place and the run goes on; more deaths than this of one process kind "
+      "within an hour end the run with a checkpoint (a crash loop). 0: any death stops the run. --sync_mode hts/ppo "
+      "never heal (their runs are bit-for-bit repeatable)", scope="train", min_value=0, max_value=10**6),
     P("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1, max_value=1024),
     P("learner_torch_threads", int, 0, "torch threads of the learner (0: the number of cores; with --sync_mode hts "
       "half of them, since collection runs beside training: measured on 2 cores, two learner threads contending with "

@@ -9,6 +9,9 @@ an odd or changed `seq` around its copy simply retries. Readers never block the 
 `seq` must come after the copy has *landed*, not after it was issued: a CUDA copy is asynchronous, and a
 publish that starts between an early re-check and the copy's execution would tear it unnoticed. Readers
 therefore wait for their copies (`_copy_from_shared` returns only when they are done) before the re-check.
+
+A learner killed while writing leaves `seq` odd: readers then keep the weights they have (they stop waiting after
+TORN_WAIT_SEC) until its replacement publishes, which first makes `seq` even again.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 
 import torch
 
+TORN_WAIT_SEC = 0.05  # a publish takes well under a millisecond: an odd seq for longer means the writer died
 
 class SharedWeights:
     """Shared copy of a model's state_dict plus `[seq, version]` counters in shared CPU memory."""
@@ -40,6 +44,8 @@ class SharedWeights:
         return int(self._counters_np[1])
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
+        if int(self._counters_np[0]) % 2:  # a writer died half-way (self-healing: we are its replacement)
+            self.counters[0] += 1
         self.counters[0] += 1  # odd: writing
         with torch.no_grad():
             for k, v in model.state_dict().items():
@@ -52,12 +58,17 @@ class SharedWeights:
     def load_into(self, model: torch.nn.Module, have_version: int) -> int:
         """Copy the weights into `model` if newer than `have_version`; returns the version now held."""
         counters = self._counters_np  # read before every policy batch: numpy, not torch indexing
+        torn_since = None
         while True:
             seq = int(counters[0])
             version = int(counters[1])
             if version <= have_version or version < 0:
                 return have_version
             if seq % 2:
+                now = time.monotonic()
+                torn_since = torn_since or now
+                if now - torn_since > TORN_WAIT_SEC:  # the learner died writing: keep what we have
+                    return have_version
                 time.sleep(0.0001)
                 continue
             self._copy_from_shared(model)

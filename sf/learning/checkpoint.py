@@ -61,6 +61,7 @@ _SAFE_SCALARS = (int, float, bool, str, bytes, type(None), torch.dtype, torch.de
 
 class CheckpointError(Exception):
     """A checkpoint cannot be used or written; the message is one line meant for the user (no traceback needed)."""
+    stops_the_run = True  # self-healing: a replaced learner would meet it again (a full disk, a broken checkpoint)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -23,6 +23,13 @@ an episode start inside the trajectory): they are masked out of the loss (policy
 batch the learner applies its policy's hyperparameters from SharedState.hyperparams and, when population-based training
 asks it (SharedState.replace_from), copies another policy's published weights (its Adam moments are reset: they were
 estimated for other weights); its version goes on counting up, so policy workers pick the copy up at once.
+
+Self-healing: a learner that died is replaced (`replacement=True`). The replacement takes the weights of the last SGD
+step its predecessor published (shared memory outlives it; the checkpoint's when the predecessor died writing them), the
+optimizer state and random streams of the latest checkpoint, the frames trained from SharedState, and goes on numbering
+versions above every version published so far (policy lag stays meaningful). Every slot it takes from its queue is
+marked held in SharedState.slot_owner until it returns it to the free list: the runner queues a dead learner's held
+slots again for its replacement.
 """
 from __future__ import annotations
 
@@ -40,7 +47,7 @@ from sf.learning.appo import APPO
 from sf.learning.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
                                     restore_rng_states, weights_sha256)
 from sf.model.actor_critic import create_actor_critic
-from sf.processes.shared_state import ENV_STEPS, FINISHED, HYPERPARAMS, VERSION, learner_name
+from sf.processes.shared_state import ENV_STEPS, FINISHED, HYPERPARAMS, SLOT_FREE, VERSION, learner_name, slot_held
 from sf.seeding import MODEL, deterministic_kernels, policy_stream, run_seed, stream_seed
 
 log = logging.getLogger("sf.learner")
@@ -54,9 +61,11 @@ def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
 
 class Learner:
     def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                 frameskip: int, num_agents: int = 1, policy_id: int = 0, all_weights: list | None = None):
+                 frameskip: int, num_agents: int = 1, policy_id: int = 0, all_weights: list | None = None,
+                 replacement: bool = False):
         """frameskip: env frames per env step, num_agents: agents per env (the env's spec: the learner counts frames,
-        it knows no env). queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies)."""
+        it knows no env). queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
+        replacement: this learner replaces one that died (see the module docstring)."""
         self.cfg, self.buffers, self.q = cfg, buffers, queues
         self.policy_id, self.all_weights = policy_id, all_weights or [shared_weights]
         self.population = getattr(cfg, "num_policies", 1) > 1
@@ -81,7 +90,11 @@ class Learner:
         self.pending: list[int] = []
         self.last_save = self.last_milestone = time.time()
         self.hyperparams = {k: float(getattr(cfg, k)) for k in HYPERPARAMS}
-        self._load_checkpoint()
+        self.slot_owner, self.held = shared_state.slot_owner_np, slot_held(policy_id)
+        if replacement:
+            self._take_over()
+        else:
+            self._load_checkpoint()
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
         self.sync_batch = 0  # hts/ppo: the rollout interval whose batch comes next
         self.published = {}  # hts/ppo: batches trained on -> the policy version published after them
@@ -89,12 +102,12 @@ class Learner:
         self._publish(self.version)
 
     # --- checkpoints ---
-    def _load_checkpoint(self) -> None:
-        if self.cfg.restart_behavior != "resume":
-            return
+    def _load_checkpoint(self, always: bool = False) -> dict | None:
+        if self.cfg.restart_behavior != "resume" and not always:
+            return None
         state = self.checkpoints.load("latest", map_location=self.device)
         if state is None:
-            return
+            return None
         check_compatible(state["meta"], self.meta, state.get("path", "latest checkpoint"))
         load_into(self.model, self.appo.optimizer, state)
         restore_rng_states(state)
@@ -103,7 +116,24 @@ class Learner:
         self.version, self.env_steps = int(state["policy_version"]), int(state["env_steps"])
         log.info("Resumed %sfrom checkpoint: policy version %d, %d env frames",
                  f"policy {self.policy_id} " if self.population else "", self.version, self.env_steps)
+        return state
 
+    def _take_over(self) -> None:
+        """Replace a learner of this run that died (module docstring): the published weights of its last SGD step,
+        the latest checkpoint's optimizer and random streams, the frames trained so far, versions going on."""
+        p = self.policy_id
+        state = self._load_checkpoint(always=True)  # weights, optimizer, streams, counters: overridden below if fresher
+        published = self.shared_weights.load_into(self.model, -1)  # -1: its predecessor died writing them
+        if published >= 0:
+            self.env_steps = max(self.env_steps, int(self.state.learner[p, ENV_STEPS]))
+        last = max(published, self.shared_weights.version, int(self.state.learner[p, VERSION]), self.version)
+        self.version = last + 1  # _publish() below makes it the actors' version
+        log.info("Replacement learner%s: weights of %s, optimizer state %s; policy version %d, %d env frames trained",
+                 f" of policy {p}" if self.population else "",
+                 f"the last SGD step (version {published})" if published >= 0 else
+                 ("the latest checkpoint (the learner died writing its weights)" if state else "initialisation"),
+                 f"of the latest checkpoint (version {int(state['policy_version'])})" if state else "fresh (no checkpoint yet)",
+                 self.version, self.env_steps)
     def save(self, final: bool = False) -> None:
         extra = {"minibatch_rng": self.appo.generator.get_state(), "policy_id": self.policy_id,
                  "hyperparams": dict(self.hyperparams)}
@@ -158,10 +188,13 @@ class Learner:
         """Take finished slots; once a training batch is complete, copy it out and free its slots.
         Returns the experience dict (storage layout, on the device) or None."""
         try:
-            self.pending.extend(int(s) for s in self.q.learner.get_many(timeout=timeout, max_messages_to_get=self.trajs_per_batch - len(self.pending)))
+            taken = self.q.learner.get_many(timeout=timeout, max_messages_to_get=self.trajs_per_batch - len(self.pending))
         except queue.Empty:
             return None
+        self.slot_owner[taken] = self.held  # (a replacement gets them again if this learner dies)
+        self.pending.extend(int(s) for s in taken)
         if self.cfg.sampler_only:  # benchmark: recycle the slots at once, count the frames, train nothing
+            self.slot_owner[self.pending] = SLOT_FREE
             self.q.free.put_many(self.pending)
             self.env_steps += len(self.pending) * self.frames_per_traj
             self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
@@ -183,7 +216,9 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # the copy must finish before the slots are reused
         if not self.sync:  # (sync modes: slots are fixed; the rollout workers wait for sync_ready instead)
-            self.q.free.put_many(slots.tolist())
+            freed = slots.tolist()
+            self.slot_owner[freed] = SLOT_FREE
+            self.q.free.put_many(freed)
         return experience
 
     # --- training ---
@@ -306,11 +341,11 @@ def learner_threads(cfg) -> int:
 
 
 def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                frameskip, num_agents=1, policy_id=0, all_weights=None) -> None:
+                frameskip, num_agents=1, policy_id=0, all_weights=None, replacement=False) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
     share them)."""
     from sf.processes.control import limit_threads
     limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                      frameskip, num_agents, policy_id, all_weights)
+                      frameskip, num_agents, policy_id, all_weights, replacement)
     learner.run()

@@ -17,6 +17,17 @@
     heartbeats      [X]     float64 time.monotonic() of each process's last sign of life (learners, policy workers,
                                     rollout workers): the runner's watchdog for a process stuck in a call that never
                                     returns (an env engine that hangs), which no exception or exit code reveals
+
+Self-healing (a dead process is replaced in place; sf/runner/healing.py):
+    epoch           [W]     int64   per rollout worker: requests for actions carry the epoch they were sent in; policy
+                                    workers serve only requests of the current epoch. The runner bumps it to void every
+                                    request in flight (the worker died, or a policy worker that had taken some did)
+    epoch_go        [W]     int64   the epoch the rollout worker should work in: set by the runner once no policy worker
+                                    is still serving a voided request; the worker then re-sends the requests it awaits
+    serving         [Y]     int64   per policy worker: batches begun + batches finished (odd while it serves one)
+    slot_owner      [N]     int32   who holds each trajectory slot (slot_owner_code): a rollout worker (its index), the
+                                    free list, learner p's queue or learner p itself; the runner reclaims a dead
+                                    process's slots from it
 """
 from __future__ import annotations
 
@@ -26,6 +37,17 @@ import torch
 
 ENV_STEPS, VERSION, FINISHED = 0, 1, 2
 HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "adam_beta1")
+# slot_owner codes: >= 0 a rollout worker; FREE on (or on its way to) the free list; queued(p) on (or on its way to)
+# learner p's queue; held(p) taken by learner p (its pending trajectories and the batch it copies out)
+SLOT_FREE = -1
+
+
+def slot_queued(policy: int) -> int:
+    return -10 - policy
+
+
+def slot_held(policy: int) -> int:
+    return -100 - policy
 
 
 def learner_name(policy: int, num_policies: int = 1) -> str:
@@ -40,12 +62,13 @@ def policy_worker_name(policy: int, index: int, num_policies: int = 1) -> str:
 
 class SharedState:
     def __init__(self, num_workers: int, num_policy_workers: int = 1, num_policies: int = 1,
-                 shaping_keys: tuple = ()):
-        """num_policy_workers: per policy (--policy_workers_per_policy)."""
+                 shaping_keys: tuple = (), num_slots: int = 0):
+        """num_policy_workers: per policy (--policy_workers_per_policy); num_slots: trajectory slots."""
         names = [learner_name(p, num_policies) for p in range(num_policies)]
         names += [policy_worker_name(p, i, num_policies) for p in range(num_policies) for i in range(num_policy_workers)]
         names += [f"rollout_worker_{w}" for w in range(num_workers)]
         self.num_policies, self.shaping_keys = num_policies, tuple(shaping_keys)
+        self.num_policy_workers = num_policy_workers
         self._heartbeat_slots = {name: i for i, name in enumerate(names)}
         self.heartbeats = torch.full((len(names),), time.monotonic(), dtype=torch.float64).share_memory_()
         self.stop = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -56,6 +79,10 @@ class SharedState:
         self.hyperparams = torch.full((num_policies, len(HYPERPARAMS)), float("nan"), dtype=torch.float64).share_memory_()
         self.replace_from = torch.full((num_policies,), -1, dtype=torch.int64).share_memory_()
         self.shaping = torch.zeros((num_policies, len(self.shaping_keys)), dtype=torch.float64).share_memory_()
+        self.epoch = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
+        self.epoch_go = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
+        self.serving = torch.zeros(num_policies * num_policy_workers, dtype=torch.int64).share_memory_()
+        self.slot_owner = torch.full((num_slots,), SLOT_FREE, dtype=torch.int32).share_memory_()
         self._views()
 
     def _views(self) -> None:
@@ -63,6 +90,8 @@ class SharedState:
         self._stop_np, self._worker_frames_np = self.stop.numpy(), self.worker_frames.numpy()
         self._heartbeats_np, self._sync_ready_np = self.heartbeats.numpy(), self.sync_ready.numpy()
         self.shaping_np = self.shaping.numpy()
+        self.epoch_np, self.epoch_go_np = self.epoch.numpy(), self.epoch_go.numpy()
+        self.serving_np, self.slot_owner_np = self.serving.numpy(), self.slot_owner.numpy()
 
     def __getstate__(self) -> dict:  # views are rebuilt in the receiving process (pickled, they would be copies)
         return {k: v for k, v in self.__dict__.items() if not k.endswith("_np")}
@@ -86,6 +115,10 @@ class SharedState:
     def policy_env_steps(self) -> list[int]:
         """Env frames each policy's learner has trained on."""
         return [int(x) for x in self.learner[:, ENV_STEPS].tolist()]
+
+    def serving_index(self, policy: int, index: int) -> int:
+        """Row of policy worker `index` of `policy` in `serving`."""
+        return policy * self.num_policy_workers + index
 
     def heartbeat_slot(self, name: str) -> int:
         return self._heartbeat_slots[name]

@@ -7,6 +7,11 @@ stops on budget or signal (always with a final checkpoint from the learner).
 
 With one policy (the default) there is one of each; a population (--num_policies N) has a learner, policy workers,
 request queue, learner queue and weights per policy, and the rollout workers route each agent by its policy.
+
+Self-healing (--max_restarts_per_hour, asynchronous mode): a process that dies (a signal, an exception, or a stall the
+watchdog ends) is replaced in place by one of the same name, index and core while the others go on (sf/runner/healing.py
+makes whole what it left); errors a replacement could not mend (a checkpoint that cannot be written, an env failing
+more than --max_env_restarts times) and deaths before the run started training stop the run, as does a crash loop.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from sf.model.actor_critic import create_actor_critic
 from sf.processes.control import add_leftover_hook, become_subreaper, kill_tree, limit_threads
 from sf.processes.shared_state import FINISHED, SharedState, learner_name, policy_worker_name
 from sf.runner import tracking
+from sf.runner.healing import Healer, audit_slots, exit_cause, process_kind
 from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams
 from sf.runner.stats import RunStats, format_duration, progress_bar
 from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, child_main, kill_adopted, read_stack, worker_context
@@ -279,15 +285,16 @@ class Runner:
         P = self.num_policies
         self.weights = [SharedWeights(create_actor_critic(cfg, self.obs_space, self.action_space), self.device)
                         for _ in range(P)]
-        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping))
+        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping), self.num_slots)
         # [W, agents per worker, (slot, t, policy)]
         self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker * self.num_agents, 3),
                                      dtype=torch.int64).share_memory_()
-        msg_bytes, num_slots = 64, self.num_slots  # a small int tuple; capacities hold every message in flight at once
-        requests = cfg.num_workers * cfg.worker_num_splits
+        msg_bytes, num_slots = 64, self.num_slots  # a small int tuple; capacities hold every message in flight at once,
+        requests = 2 * cfg.num_workers * cfg.worker_num_splits  # twice over: voided ones beside those asked again
         self.queues = SimpleNamespace(
             policy=[Queue(maxsize=requests + 1, max_size_bytes=max(2**16, msg_bytes * requests * 2)) for _ in range(P)],
-            workers=[Queue(maxsize=cfg.worker_num_splits * P + 1, max_size_bytes=2**12 * P) for _ in range(cfg.num_workers)],
+            workers=[Queue(maxsize=2 * cfg.worker_num_splits * P + 1, max_size_bytes=2**13 * P)
+                     for _ in range(cfg.num_workers)],
             learner=[Queue(maxsize=num_slots + 1, max_size_bytes=max(2**16, msg_bytes * num_slots * 2)) for _ in range(P)],
             free=Queue(maxsize=num_slots + 1, max_size_bytes=max(2**16, msg_bytes * num_slots * 2)),
             report=Queue(max_size_bytes=2**25),
@@ -305,6 +312,11 @@ class Runner:
         self.exit_code = 0
         self.interrupts = 0
         self.reported: set[str] = set()  # processes whose death was already reported (one line each)
+        self.causes: dict[str, str] = {}  # process -> how it failed (its exception, a stall), for its restart line
+        self.healer = Healer(cfg, self.state, self.queues, self.spec.frameskip)
+        self.healing = cfg.max_restarts_per_hour > 0 and cfg.sync_mode == "async" and not cfg.serial_mode
+        if self.healing:
+            self.stats.faults = self._fault_scalars()
         self.own_children: set[int] = set()
         self.learner_ready = False  # the learner loaded its checkpoint and published its first weights
         for note in getattr(cfg, "_notes", []):
@@ -348,39 +360,112 @@ class Runner:
         log.info("Started %s (pid %d)", name, p.pid)
 
     def start_processes(self) -> None:
-        cfg, b, st = self.cfg, self.buffers, self.state
         self.context = worker_context(self.env_modules)
         self.own_children = {c.pid for c in psutil.Process().children()}  # the fork server and multiprocessing's helpers
-        P = self.num_policies
-        for p in range(P):
-            self._start(learner_name(p, P), run_learner, cfg, self.obs_space, self.action_space, b,
-                        self.learner_queues(p), self.weights[p], st, self.device, self.exp_dir, self.spec.frameskip,
-                        self.num_agents, p, self.weights)
-        for p in range(P):
-            for i in range(cfg.policy_workers_per_policy):
-                self._start(policy_worker_name(p, i, P), run_policy_worker, cfg, i, self.obs_space, self.action_space,
-                            b, self.env_slots, self.policy_queues(p), self.weights[p], st, self.device, p)
-        for w in range(cfg.num_workers):  # they make their envs while the learner loads: start-up runs in parallel
-            self._start(f"rollout_worker_{w}", run_rollout_worker, cfg, w, b, self.env_slots, self.worker_queues(w), st, w,
-                        unwind=True)
+        for p in range(self.num_policies):
+            self._start_learner(p)
+        for p in range(self.num_policies):
+            for i in range(self.cfg.policy_workers_per_policy):
+                self._start_policy_worker(p, i)
+        for w in range(self.cfg.num_workers):  # they make their envs while the learner loads: start-up runs in parallel
+            self._start_rollout_worker(w)
+
+    def _start_learner(self, p: int, replacement: bool = False) -> str:
+        name = learner_name(p, self.num_policies)
+        self._start(name, run_learner, self.cfg, self.obs_space, self.action_space, self.buffers, self.learner_queues(p),
+                    self.weights[p], self.state, self.device, self.exp_dir, self.spec.frameskip, self.num_agents, p,
+                    self.weights, replacement)
+        return name
+
+    def _start_policy_worker(self, p: int, i: int) -> str:
+        name = policy_worker_name(p, i, self.num_policies)
+        self._start(name, run_policy_worker, self.cfg, i, self.obs_space, self.action_space, self.buffers, self.env_slots,
+                    self.policy_queues(p), self.weights[p], self.state, self.device, p)
+        return name
+
+    def _start_rollout_worker(self, w: int) -> str:
+        name = f"rollout_worker_{w}"
+        self._start(name, run_rollout_worker, self.cfg, w, self.buffers, self.env_slots, self.worker_queues(w),
+                    self.state, w, unwind=True)
+        return name
 
     def _check_processes(self) -> bool:
-        """False (and a stop with exit code 1) if any process died before the stop: at start-up, while training, or
-        after an error report (whose process exits at once: reported once, by the report)."""
-        for name, p in self.procs.items():
+        """Replace a process that died (self-healing), or return False (and stop with exit code 1) where it cannot be:
+        healing off, a death before training started, an error a replacement cannot mend, a crash loop. An error
+        report comes first (the process exits at once): its line is the one report of that death."""
+        for name, p in list(self.procs.items()):
             if p.exitcode is not None and name not in self.reported and not (p.exitcode == 0 and self.state.stopping()):
                 self._drain_reports()
-                if name not in self.reported:
-                    log.error("%s exited unexpectedly (exit code %s); stopping the run", name, p.exitcode)
-                    self.reported.add(name)
+                if name in self.reported:  # its error stopped the run
+                    continue
+                if self.healing and self.learner_ready and not self.state.stopping():
+                    self._replace(name, p)
+                    continue
+                log.error("%s %s; stopping the run", name, self.causes.pop(name, None) or
+                          f"exited unexpectedly ({exit_cause(p.exitcode)})")
+                self.reported.add(name)
                 self.exit_code = 1
                 self.state.request_stop()
         return not self.state.stopping()
 
+    def _replace(self, name: str, proc) -> None:
+        """Start a process in place of `name`, which died, once what it left is made whole (sf/runner/healing.py)."""
+        kind, heal = process_kind(name), self.healer
+        cause = self.causes.pop(name, None) or exit_cause(proc.exitcode)
+        if not heal.allowed(kind):
+            log.error("%s %s: %d %ss died within the last hour (--max_restarts_per_hour %d), a crash loop; stopping "
+                      "the run", name, cause, heal.max_per_hour, kind.replace("_", " "), heal.max_per_hour)
+            self.reported.add(name)
+            self.exit_code = 1
+            self.state.request_stop()
+            return
+        proc.join(timeout=1.0)
+        lost, W = 0, self.cfg.num_workers
+        serving = lambda: [self.state.serving_index(*self._policy_worker_of(n))  # noqa: E731
+                           for n, q in self.procs.items() if process_kind(n) == "policy_worker" and q.is_alive()]
+        if kind == "rollout_worker":
+            w = int(name.rsplit("_", 1)[1])
+            kill_adopted(self.own_children)  # its env engines (adopted by the runner) and their shared memory
+            heal.void_requests([w])
+            if not heal.wait_for_policy_workers(serving()):
+                log.warning("a policy worker is still serving requests of %s; reusing its slots anyway", name)
+            heal.drop_replies(w)
+            lost = heal.reclaim_worker_slots(w, self.env_slots[w].numpy(), self.cfg.rollout)
+            heal.release([w])
+            new = self._start_rollout_worker(w)
+        elif kind == "policy_worker":
+            p, i = self._policy_worker_of(name)
+            workers = list(range(W))
+            heal.void_requests(workers)  # it may have taken requests it never answered: every worker asks again
+            if not heal.wait_for_policy_workers(serving()):
+                log.warning("a policy worker is still serving requests voided at the death of %s", name)
+            heal.release(workers)
+            new = self._start_policy_worker(p, i)
+        else:
+            p = int(name[len("learner_p"):]) if name.startswith("learner_p") else 0
+            heal.requeue_learner_slots(p)
+            new = self._start_learner(p, replacement=True)
+        count = heal.record(kind, lost)
+        log.warning("Restarted %s (pid %d) after it %s: restart %d of %ss this hour (--max_restarts_per_hour %d); %d env "
+                    "frames lost", new, self.procs[new].pid, cause, count, kind.replace("_", " "), heal.max_per_hour, lost)
+        self.stats.faults = self._fault_scalars()
+
+    def _policy_worker_of(self, name: str) -> tuple[int, int]:
+        """policy_worker_3 -> (0, 3); policy_worker_p1_0 -> (1, 0)."""
+        parts = name[len("policy_worker_"):].split("_")
+        return (int(parts[0][1:]), int(parts[1])) if len(parts) == 2 else (0, int(parts[0]))
+
+    def _fault_scalars(self) -> dict[str, float]:
+        scalars = {f"restarts_{kind}": float(self.healer.totals[kind]) for kind in ("rollout_worker", "policy_worker",
+                                                                                  "learner")}
+        scalars["lost_frames"] = float(self.healer.lost_frames)
+        return scalars
+
     def _check_stalls(self) -> bool:
-        """False (and a stop with exit code 1) if a process gave no sign of life for --stall_timeout_sec: alive but
-        stuck in a call that never returns (an env engine that hangs, say). Its Python stack goes to the log; the stop
-        then kills it (and its engines) after the others have stopped and the learner saved a final checkpoint."""
+        """A process that gave no sign of life for --stall_timeout_sec is alive but stuck in a call that never returns
+        (an env engine that hangs, say): its Python stack goes to the log, then it is killed (with its engines) and
+        replaced (self-healing); without healing, False and a stop with exit code 1 (the stop kills it after the others
+        have stopped and the learner saved a final checkpoint)."""
         timeout = self.cfg.stall_timeout_sec
         if timeout <= 0 or self.state.stopping():
             return True
@@ -392,8 +477,15 @@ class Runner:
             idle = self.state.seconds_since_beat(name)
             if idle > timeout and p.is_alive():
                 self._drain_reports()  # the stack file of a process that only just started
-                log.error("%s gave no sign of life for %.0f s (--stall_timeout_sec %g): it is stuck; stopping the run. "
-                          "Its stack:\n%s", name, idle, timeout, read_stack(p.pid, self.stack_files.get(name)))
+                healing = self.healing and self.learner_ready
+                log.error("%s gave no sign of life for %.0f s (--stall_timeout_sec %g): it is stuck; %s. Its stack:\n%s",
+                          name, idle, timeout, "killing and replacing it" if healing else "stopping the run",
+                          read_stack(p.pid, self.stack_files.get(name)))
+                if healing:
+                    self.causes[name] = f"gave no sign of life for {idle:.0f} s (--stall_timeout_sec {timeout:g})"
+                    kill_tree(p)
+                    p.join(timeout=5.0)
+                    continue
                 self.exit_code = 1
                 self.state.request_stop()
                 return False
@@ -427,14 +519,18 @@ class Runner:
                     log.info("PBT: policy %d now plays with the weights of policy %d (policy version %d)", msg[1],
                              msg[2], msg[3])
                 elif kind == "error":
-                    self._crashed(msg[1], msg[2])
+                    self._crashed(msg[1], msg[2], fatal=msg[3] if len(msg) > 3 else True)
 
-    def _crashed(self, name: str, tb: str) -> None:
-        """A process (or, in serial mode, a component) raised: one line on the console, the traceback in the log file;
-        the run stops with exit code 1."""
+    def _crashed(self, name: str, tb: str, fatal: bool = True) -> None:
+        """A process (or, in serial mode, a component) raised: one line on the console, the traceback in the log file.
+        The run stops with exit code 1, unless the process is to be replaced (self-healing; not for a `fatal` error,
+        which a replacement would meet again: a checkpoint that cannot be written, an env that keeps failing)."""
         last = tb.strip().splitlines()[-1] if tb.strip() else "(no message)"
         log.error("%s crashed: %s (traceback in %s)", name, last, self.exp_dir / "sf_log.txt")
         logging.getLogger(TRACE_LOG).error("%s crashed:\n%s", name, tb.rstrip())
+        if not fatal and self.healing and self.learner_ready and not self.state.stopping():
+            self.causes[name] = f"raised {last}"
+            return
         self.reported.add(name)
         self.exit_code = 1
         self.state.request_stop()
@@ -503,6 +599,10 @@ class Runner:
             self._drain_reports()
             self._update_frames()
             self._log_progress(start)  # a final report line, however short the run
+            if self.healing:
+                log.info("Faults: %s", self.healer.summary())
+            if not self.cfg.serial_mode and self.cfg.sync_mode == "async":
+                self._audit_slots()
             if self.population is not None:
                 self.population.save()
             self.stats.write_summaries()
@@ -574,6 +674,12 @@ class Runner:
                 log.warning("%s did not stop in time; killing it", name)
                 kill_tree(p)
                 p.join(timeout=2)
+
+    def _audit_slots(self) -> None:
+        if any(p.is_alive() for p in self.procs.values()):
+            return  # a process that could not be killed (uninterruptible I/O): the queues are not ours to read
+        verdict = audit_slots(self.state, self.queues, self.num_slots)
+        (log.info if verdict.endswith("exactly once") else log.warning)("%s", verdict)
 
     def close_queues(self) -> None:
         q = self.queues

@@ -93,6 +93,7 @@ class RunStats:
         self.start_frames = start_frames
         self.policies = [PolicyStats(stats_avg, start_frames) for _ in range(num_policies)]
         self.memory: dict[str, float] = {}
+        self.faults: dict[str, float] = {}  # restarts per process kind, env frames lost (self-healing)
         self.texts: list[tuple[str, str]] = []  # (tag, text) to write with the next summary (PBT decisions)
         self._writer = None
         self.exp_dir = exp_dir
@@ -194,6 +195,8 @@ class RunStats:
             p.lag_batches_unwritten = []
         for k, v in self.memory.items():
             scalars[f"memory/rss_mb_{k}"] = v
+        for k, v in self.faults.items():
+            scalars[f"faults/{k}"] = v
         scalars = {tag: v for tag, v in scalars.items() if v == v}  # skip NaN (no data yet)
         for tag, v in scalars.items():
             w.add_scalar(tag, v, step)

@@ -71,6 +71,11 @@ def read_stack(pid: int, fd: int | None, wait: float = 2.0) -> str:
     if fd is None:
         return "(no stack: the process had not set up its stack dumps yet)"
     try:
+        if psutil.Process(pid).status() == psutil.STATUS_STOPPED:  # its signal handler cannot run: do not wait for it
+            return "(no stack: the process is stopped, by SIGSTOP or a debugger)"
+    except psutil.Error:
+        pass
+    try:
         os.kill(pid, STACK_SIGNAL)
         text, deadline = "", time.time() + wait
         while time.time() < deadline:  # written by the child's signal handler as soon as it is scheduled
@@ -124,10 +129,11 @@ def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *
         target(*args)
     except ParentDied:  # nobody left to report to; `finally` blocks have closed what this worker owned
         os._exit(1)
-    except BaseException:  # noqa: B902 — anything that kills a worker must reach the runner's log
+    except BaseException as e:  # noqa: B902 — anything that kills a worker must reach the runner's log
         tb = traceback.format_exc()
+        fatal = bool(getattr(e, "stops_the_run", False))  # an error a replacement process would meet again
         try:
-            report_queue.put(("error", name, tb), timeout=5)
+            report_queue.put(("error", name, tb, fatal), timeout=5)
         except Exception:  # no runner to read it: the console is the only place left
             print(f"[{name}] crashed:\n{tb}", flush=True)
         os._exit(1)

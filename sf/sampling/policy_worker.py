@@ -15,6 +15,11 @@ boundaries in these modes, so every request of an interval sees the same weights
 Populations (--num_policies N): each policy has its own policy workers, request queue and weights. A request (w, g)
 names a group; env_slots[w, i] = (slot, t, policy) says which of its agents this worker's policy plays: it serves those
 and writes its policy id into policy_ids (the learners mask steps another policy acted).
+
+Self-healing: a request is (w, epoch * splits + g); one of an epoch the runner has voided (SharedState.epoch: the rollout
+worker died, or another policy worker did) is dropped unanswered. SharedState.serving counts batches begun and finished
+(odd while serving one): the runner waits for a batch begun before it voided an epoch before it reuses that worker's
+slots or lets it ask again.
 """
 from __future__ import annotations
 
@@ -30,9 +35,10 @@ from sf.seeding import POLICY_WORKER, deterministic_kernels, policy_stream, run_
 
 class PolicyWorker:
     def __init__(self, cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device: str,
-                 worker_idx: int = 0, policy_id: int = 0):
+                 worker_idx: int = 0, policy_id: int = 0, shared_state=None):
         """queues.policy: this policy's request queue; queues.workers: every rollout worker's reply queue;
-        shared_weights: this policy's. env_slots: [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy)."""
+        shared_weights: this policy's. env_slots: [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy).
+        shared_state: the run's (epochs, serving counter); None: every request is valid (tests)."""
         self.cfg, self.buffers, self.env_slots, self.q = cfg, buffers, env_slots, queues
         self.policy_id = policy_id
         self.population = getattr(cfg, "num_policies", 1) > 1 and env_slots.shape[-1] > 2
@@ -49,6 +55,10 @@ class PolicyWorker:
         self.version = -1
         self.max_requests = cfg.num_workers * cfg.worker_num_splits
         self.splits = cfg.worker_num_splits
+        self.epoch = shared_state.epoch_np if shared_state is not None else np.zeros(cfg.num_workers, dtype=np.int64)
+        self.serving = shared_state.serving_np if shared_state is not None else np.zeros(1, dtype=np.int64)
+        self.serving_row = shared_state.serving_index(policy_id, worker_idx) if shared_state is not None else 0
+        self.serving[self.serving_row] += self.serving[self.serving_row] % 2  # a predecessor killed while serving
         # numpy views of the shared tensors, flattened over (slot, t): one 1-D fancy index per tensor instead of
         # torch's two-tensor advanced indexing (which costs ~10x more per call at these small batch sizes).
         b = buffers
@@ -92,9 +102,21 @@ class PolicyWorker:
             requests = self.q.policy.get_many(timeout=timeout, max_messages_to_get=self.max_requests)
         except Empty:
             return 0
+        self.serving[self.serving_row] += 1  # odd: serving (before the epochs are read: see the module docstring)
+        try:
+            return self._serve(np.asarray(requests, dtype=np.int64))  # [R, (worker, epoch * splits + group)]
+        finally:
+            self.serving[self.serving_row] += 1
+
+    def _serve(self, req: np.ndarray) -> int:
+        epochs, groups = np.divmod(req[:, 1], self.splits)
+        live = epochs == self.epoch[req[:, 0]]
+        if not live.all():  # requests the runner voided (their worker died, or asks again): dropped unanswered
+            req, groups = req[live], groups[live]
+            if len(req) == 0:
+                return 0
         self.version = self.shared_weights.load_into(self.model, self.version)
-        req = np.asarray(requests, dtype=np.int64)  # [R, (worker, group)]
-        rows = self.group_slots[req[:, 0] * self.splits + req[:, 1]]  # [R, G, (slot, t[, policy])]
+        rows = self.group_slots[req[:, 0] * self.splits + groups]  # [R, G, (slot, t[, policy])]
         rows = rows.reshape(-1, rows.shape[-1])
         if self.population:  # the agents of these groups this policy plays
             rows = rows[rows[:, 2] == self.policy_id]
@@ -104,8 +126,8 @@ class PolicyWorker:
             self._random_actions(step)
         else:
             self._infer(step, slots * (self.T + 1) + ts)  # observations: flat index into [N * (T+1)] tensors
-        for w, g in requests:
-            self.q.workers[w].put(g)
+        for w, code in req.tolist():
+            self.q.workers[w].put(code)
         return len(step)
 
     def _random_actions(self, step: np.ndarray) -> None:
@@ -168,7 +190,7 @@ def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slo
     limit_threads(cfg.policy_worker_torch_threads)
     heartbeat = shared_state.heartbeat_slot(policy_worker_name(policy_id, worker_idx, shared_state.num_policies))
     worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device, worker_idx,
-                          policy_id)
+                          policy_id, shared_state)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
     while not shared_state.stopping() and runner_alive():
         shared_state.beat(heartbeat)

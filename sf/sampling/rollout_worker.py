@@ -28,6 +28,13 @@ agents (each policy worker serves only its policy's agents); the group steps onc
 belongs to the policy that started it: when an agent changes policy at an episode start inside a trajectory, the slot
 still goes to the old policy's learner, which masks the steps the new policy acted (buffers.policy_ids), and the agent's
 next slot goes to the new policy.
+
+Self-healing (sf/runner/healing.py): a request carries the worker's epoch (message (w, epoch * splits + g), the reply
+the same code); the runner voids the requests in flight by bumping SharedState.epoch (this worker died, or a policy
+worker that may have taken some did) and, once no policy worker still serves one, sets epoch_go: the worker then works
+in the new epoch, ignores replies of older ones and re-sends the requests it still awaits. Every slot it takes or hands
+to a learner is marked in SharedState.slot_owner, so that the runner can reclaim the slots of a dead worker. A
+replacement worker goes on counting this worker's frames.
 """
 from __future__ import annotations
 
@@ -43,11 +50,17 @@ from typing import Callable, Optional
 
 from sf.model.action_spaces import draw_action_noise
 from sf.sampling.policy_mapping import PolicyMapping
+from sf.processes.shared_state import slot_queued
 from sf.seeding import POLICY_MAPPING, action_noise_rng, run_seed, stream_seed
 from sf_envs.registry import env_spec, make_env
 
 EPISODE_REPORT_SEC = 1.0
 log = logging.getLogger(__name__)
+
+
+class EnvRestartLimit(RuntimeError):
+    """Envs of a worker failed more than --max_env_restarts times: a persistent fault, which stops the run."""
+    stops_the_run = True  # self-healing: a replacement worker would make the same envs
 
 
 class RolloutWorker:
@@ -88,6 +101,9 @@ class RolloutWorker:
         self.interval = np.zeros(cfg.worker_num_splits, dtype=np.int64)
         self.waiting: dict[int, int] = {}
         self.awaiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies a group still waits for
+        self.splits = cfg.worker_num_splits
+        self.epoch = int(shared_state.epoch_go_np[worker_idx])  # a replacement starts in the epoch the runner set
+        self.slot_owner = shared_state.slot_owner_np
         self.env_slots_np = env_slots.numpy()
         self.has_policy_column = self.env_slots_np.shape[-1] > 2
         self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")
@@ -115,7 +131,7 @@ class RolloutWorker:
         self.env_restarts = 0
         self.episodes: list[dict] = []
         self.last_report = time.time()
-        self.frames = 0
+        self.frames = int(shared_state.worker_frames[worker_idx])  # a replacement goes on counting
 
     @staticmethod
     def _is_scalar(space) -> bool:
@@ -124,7 +140,8 @@ class RolloutWorker:
     def _env_seed(self, e: int) -> int | None:
         if self.cfg.seed is None:
             return None
-        return self.cfg.seed * 10_000 + self.w * self.num_envs + e + 1_000_003 * self.env_restarts
+        # a replacement worker (a later epoch) must not replay its predecessor's episodes
+        return self.cfg.seed * 10_000 + self.w * self.num_envs + e + 1_000_003 * (self.env_restarts + 1_009 * self.epoch)
 
     def _replace_env(self, e: int, ex: Exception) -> dict:
         """A fresh env in place of env e, which raised `ex`; returns its first observation (a list of them for a
@@ -133,8 +150,8 @@ class RolloutWorker:
         fault still stops it after --max_env_restarts replacements, as the traceback below says."""
         where = f"env {e} ({self.cfg.env}) of rollout worker {self.w}"
         if self.env_restarts >= self.cfg.max_env_restarts:
-            raise RuntimeError(f"{where} raised: {ex!r} (after {self.env_restarts} replacements of failed envs in "
-                               f"this worker; --max_env_restarts {self.cfg.max_env_restarts})") from ex
+            raise EnvRestartLimit(f"{where} raised: {ex!r} (after {self.env_restarts} replacements of failed envs in "
+                                  f"this worker; --max_env_restarts {self.cfg.max_env_restarts})") from ex
         self.env_restarts += 1
         log.warning("%s raised; replacing it with a fresh env (%d of --max_env_restarts %d):\n%s", where,
                     self.env_restarts, self.cfg.max_env_restarts, traceback.format_exc().rstrip())
@@ -198,14 +215,23 @@ class RolloutWorker:
             for i in range(lo, hi):
                 draw_action_noise(self.envs[i // self.A].action_space, self.noise_rngs[i],
                                   self.noise_np[self.slot[i], self.t[i]])
+        code = self.epoch * self.splits + g
         if self.num_policies == 1:
             self.awaiting[g] = 1
-            self.policy_queues[0].put((self.w, g))
+            self.policy_queues[0].put((self.w, code))
             return
         policies = np.unique(self.policy[lo:hi]).tolist()
         self.awaiting[g] = len(policies)
         for p in policies:
-            self.policy_queues[p].put((self.w, g))
+            self.policy_queues[p].put((self.w, code))
+
+    def _adopt_epoch(self, epoch: int) -> None:
+        """The runner voided the requests in flight (a process died) and no policy worker serves them any more: work in
+        `epoch` from now on and ask again for every group still waiting for actions."""
+        self.epoch = epoch
+        for g in range(self.splits):
+            if self.awaiting[g] > 0:
+                self._request_actions(g)
 
     def _release_waiting(self) -> None:
         """hts/ppo: groups whose next interval the learner has allowed go on."""
@@ -217,14 +243,18 @@ class RolloutWorker:
 
     def _take_free_slot(self) -> int:
         try:
-            return int(self.q.free.get_nowait())
+            slot = int(self.q.free.get_nowait())
+            self.slot_owner[slot] = self.w
+            return slot
         except Empty:  # the learner is behind (backpressure): it may need the trajectories finished so far
             self._send_finished()
         while True:
             if self.on_starved is not None:
                 self.on_starved()
             try:
-                return int(self.q.free.get(timeout=0.0 if self.on_starved is not None else 0.5))
+                slot = int(self.q.free.get(timeout=0.0 if self.on_starved is not None else 0.5))
+                self.slot_owner[slot] = self.w
+                return slot
             except Empty:  # keep checking for a stop request
                 self.state.beat(self.heartbeat)
                 if self.state.stopping():
@@ -233,6 +263,7 @@ class RolloutWorker:
     def _send_finished(self) -> None:
         for p, slots in enumerate(self.finished):
             if slots:
+                self.slot_owner[slots] = slot_queued(p)
                 self.learner_queues[p].put_many(slots)
                 self.finished[p] = []
 
@@ -244,6 +275,8 @@ class RolloutWorker:
     def run_once(self, timeout: float = 0.1) -> bool:
         """Step every group whose actions are ready. Returns False when nothing arrived within timeout."""
         self.state.beat(self.heartbeat)
+        if self.state.epoch_go_np[self.w] != self.epoch:
+            self._adopt_epoch(int(self.state.epoch_go_np[self.w]))
         if self.waiting:
             self._release_waiting()
             timeout = min(timeout, 0.002)  # a batch boundary: keep an eye on the learner
@@ -251,8 +284,10 @@ class RolloutWorker:
             groups = self.q.worker.get_many(timeout=timeout)
         except Empty:
             return False
-        for g in groups:
-            g = int(g)
+        for code in groups:
+            epoch, g = divmod(int(code), self.splits)
+            if epoch != self.epoch:  # a voided request's reply (its group was asked again)
+                continue
             self.awaiting[g] -= 1
             if self.awaiting[g] == 0:  # every policy playing one of its agents has written their actions
                 self._step_group(g)

@@ -40,7 +40,7 @@ class Population:
         self.weights = [SharedWeights(self.model) for _ in range(policies)]
         for p, w in enumerate(self.weights):
             w.publish(self.model, (p + 1) * VERSION_MARK)
-        self.state = SharedState(1, 1, policies, shaping_keys)
+        self.state = SharedState(1, 1, policies, shaping_keys, num_slots=n)
         for p in range(policies):  # policy p's reward-shaping coefficients: p + 1 (PBT would mutate them)
             self.state.shaping[p] = float(p + 1)
         self.env_slots = torch.zeros((1, self.agents, 3), dtype=torch.int64).share_memory_()

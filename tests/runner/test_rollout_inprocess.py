@@ -34,14 +34,14 @@ class Run:
         self.buffers = TrajectoryBuffers(n, rollout, self.obs_space, self.action_space, self.model.rnn_state_size)
         self.weights = SharedWeights(self.model)
         self.weights.publish(self.model, 0)
-        self.state = SharedState(workers)
+        self.state = SharedState(workers, num_slots=n)
         self.env_slots = torch.zeros((workers, envs, 2), dtype=torch.int64).share_memory_()
         self.queues = SimpleNamespace(policy=Queue(), workers=[Queue() for _ in range(workers)], learner=Queue(),
                                       free=Queue(), report=Queue(max_size_bytes=2**22))
         if cfg.sync_mode == "async":
             self.queues.free.put_many(list(range(n)))
         self.policy = PolicyWorker(cfg, self.obs_space, self.action_space, self.buffers, self.env_slots, self.queues,
-                                   self.weights, "cpu")
+                                   self.weights, "cpu", shared_state=self.state)
         self.policy.wait_for_weights(lambda: False)
         q = self.queues
         self.worker = RolloutWorker(cfg, 0, self.buffers, self.env_slots, SimpleNamespace(
