@@ -280,6 +280,7 @@ class Learner:
     def run_sync(self) -> None:
         """hts/ppo in process mode: batches in interval order, no batcher thread (nothing to overlap with)."""
         from sf.processes.control import runner_alive
+        self.state.set_started(self.heartbeat)
         while not self.state.stopping() and runner_alive() and not self.budget_done:
             self.state.beat(self.heartbeat)
             self.run_once(timeout=0.1)
@@ -307,6 +308,7 @@ class Learner:
 
         thread = threading.Thread(target=batcher, name="batcher", daemon=True)
         thread.start()
+        self.state.set_started(self.heartbeat)
         from sf.processes.control import runner_alive
         try:
             while not self.state.stopping() and runner_alive():

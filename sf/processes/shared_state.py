@@ -17,6 +17,9 @@
     heartbeats      [X]     float64 time.monotonic() of each process's last sign of life (learners, policy workers,
                                     rollout workers): the runner's watchdog for a process stuck in a call that never
                                     returns (an env engine that hangs), which no exception or exit code reveals
+    started         [X]     int8    1 once the process finished its start-up (envs made and reset, first weights): a
+                                    process still starting gets a longer stall timeout (engines start slowly on a
+                                    loaded machine)
 
 Self-healing (a dead process is replaced in place; sf/runner/healing.py):
     epoch           [W]     int64   per rollout worker: requests for actions carry the epoch they were sent in; policy
@@ -71,6 +74,7 @@ class SharedState:
         self.num_policy_workers = num_policy_workers
         self._heartbeat_slots = {name: i for i, name in enumerate(names)}
         self.heartbeats = torch.full((len(names),), time.monotonic(), dtype=torch.float64).share_memory_()
+        self.started = torch.zeros(len(names), dtype=torch.int8).share_memory_()
         self.stop = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.worker_frames = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
         self.learner = torch.zeros((num_policies, 3), dtype=torch.float64).share_memory_()
@@ -89,6 +93,7 @@ class SharedState:
         # numpy views for the per-step reads and writes of workers: ~0.1 us instead of ~5-10 us of torch indexing
         self._stop_np, self._worker_frames_np = self.stop.numpy(), self.worker_frames.numpy()
         self._heartbeats_np, self._sync_ready_np = self.heartbeats.numpy(), self.sync_ready.numpy()
+        self.started_np = self.started.numpy()
         self.shaping_np = self.shaping.numpy()
         self.epoch_np, self.epoch_go_np = self.epoch.numpy(), self.epoch_go.numpy()
         self.serving_np, self.slot_owner_np = self.serving.numpy(), self.slot_owner.numpy()
@@ -129,6 +134,14 @@ class SharedState:
     def beat(self, slot: int) -> None:
         """A sign of life of the process owning `slot` (heartbeat_slot(its name)); ~0.2 us, fine in a step loop."""
         self._heartbeats_np[slot] = time.monotonic()
+
+    def set_started(self, slot: int, started: bool = True) -> None:
+        """The process owning heartbeat `slot` finished (or, False: begins) its start-up."""
+        self.started_np[slot] = int(started)
+        self.beat(slot)
+
+    def has_started(self, name: str) -> bool:
+        return bool(self.started_np[self._heartbeat_slots[name]])
 
     def beat_all(self) -> None:
         self._heartbeats_np[:] = time.monotonic()

@@ -58,6 +58,9 @@ MODE_LINES = {
     "ppo": "ppo (synchronous PPO: collect {batch} samples, one rollout of every env, then {steps} SGD steps; "
            "policy lag 0 batches; same seed and config => same weights)",
 }
+# A process still starting (making and resetting its envs: a VizDoom engine took > 5 s to start on a loaded 2-core VM)
+# is stuck only after this long, even with a shorter --stall_timeout_sec
+STARTUP_STALL_SEC = 60.0
 STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are killed after it (budget: 10 s)
 
 
@@ -354,7 +357,7 @@ class Runner:
     def _start(self, name: str, target, *args, unwind: bool = False) -> None:
         p = self.context.Process(target=child_main, args=(name, self.queues.report, os.getpid(), unwind, target, *args),
                                  name=name, daemon=False)
-        self.state.beat(self.state.heartbeat_slot(name))  # its start-up (envs) counts toward a stall
+        self.state.set_started(self.state.heartbeat_slot(name), False)  # its start-up counts toward a (longer) stall
         p.start()
         self.procs[name] = p
         log.info("Started %s (pid %d)", name, p.pid)
@@ -475,14 +478,16 @@ class Runner:
         self.last_watch = now
         for name, p in self.procs.items():
             idle = self.state.seconds_since_beat(name)
-            if idle > timeout and p.is_alive():
+            limit = timeout if self.state.has_started(name) else max(timeout, STARTUP_STALL_SEC)
+            if idle > limit and p.is_alive():
                 self._drain_reports()  # the stack file of a process that only just started
                 healing = self.healing and self.learner_ready
-                log.error("%s gave no sign of life for %.0f s (--stall_timeout_sec %g): it is stuck; %s. Its stack:\n%s",
-                          name, idle, timeout, "killing and replacing it" if healing else "stopping the run",
+                why = f"--stall_timeout_sec {timeout:g}" if limit == timeout else f"starting: {limit:g} s allowed"
+                log.error("%s gave no sign of life for %.0f s (%s): it is stuck; %s. Its stack:\n%s", name, idle, why,
+                          "killing and replacing it" if healing else "stopping the run",
                           read_stack(p.pid, self.stack_files.get(name)))
                 if healing:
-                    self.causes[name] = f"gave no sign of life for {idle:.0f} s (--stall_timeout_sec {timeout:g})"
+                    self.causes[name] = f"gave no sign of life for {idle:.0f} s ({why})"
                     kill_tree(p)
                     p.join(timeout=5.0)
                     continue

@@ -192,6 +192,7 @@ def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slo
     worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device, worker_idx,
                           policy_id, shared_state)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
+    shared_state.set_started(heartbeat)
     while not shared_state.stopping() and runner_alive():
         shared_state.beat(heartbeat)
         worker.run_once(timeout=0.1)

@@ -428,6 +428,7 @@ def run_rollout_worker(cfg, worker_idx, buffers, env_slots, queues, shared_state
     try:
         worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state)
         worker.start()
+        shared_state.set_started(worker.heartbeat)
         while not shared_state.stopping() and runner_alive():
             worker.run_once(timeout=0.1)
     except StopIteration:
