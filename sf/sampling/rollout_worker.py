@@ -249,6 +249,9 @@ class RolloutWorker:
         except Empty:  # the learner is behind (backpressure): it may need the trajectories finished so far
             self._send_finished()
         while True:
+            # waiting for the learner is a sign of life: every agent of a group may wait for a slot in turn (they end
+            # their trajectories at the same step), each until the learner frees a batch
+            self.state.beat(self.heartbeat)
             if self.on_starved is not None:
                 self.on_starved()
             try:
@@ -256,7 +259,6 @@ class RolloutWorker:
                 self.slot_owner[slot] = self.w
                 return slot
             except Empty:  # keep checking for a stop request
-                self.state.beat(self.heartbeat)
                 if self.state.stopping():
                     raise StopIteration from None
 
