@@ -81,6 +81,7 @@ def make_batch(model, n: int, t: int, seed: int = 0) -> dict:
         "policy_versions": torch.zeros((n, t), dtype=torch.int64),
         "rewards": torch.randn((n, t), generator=g),
         "dones": (torch.rand((n, t), generator=g) < 0.02).float(),
+        "truncated": torch.zeros((n, t)),  # no time limits in this batch (APPO bootstraps truncated steps)
     }
 
 
