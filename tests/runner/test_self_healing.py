@@ -185,12 +185,21 @@ def test_each_process_kind_killed_once_the_run_goes_on(tmp_path):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_hung_policy_worker_is_killed_and_replaced(tmp_path):
-    log = tmp_path / "log.txt"
-    p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "600",
-                               "--stall_timeout_sec", "4"), log)
+def _start(tmp_path, log, *extra):
+    """A long test_corridor run of 2 rollout workers, returned once it trained."""
+    p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "600", *extra), log)
     try:
         wait_for(lambda: _progress(log)[1] > 0, 120, "training to start")
+    except BaseException:
+        p.kill()
+        raise
+    return p
+
+
+def test_hung_policy_worker_is_killed_and_replaced(tmp_path):
+    log = tmp_path / "log.txt"
+    p = _start(tmp_path, log, "--stall_timeout_sec", "4")
+    try:
         _kill_and_wait_for_progress(log, "policy_worker_0", signal.SIGSTOP)
         text = _stop(p, log)
     finally:
@@ -202,10 +211,8 @@ def test_hung_policy_worker_is_killed_and_replaced(tmp_path):
 
 def test_crash_loop_stops_the_run(tmp_path):
     log = tmp_path / "log.txt"
-    p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "600",
-                               "--max_restarts_per_hour", "2"), log)
+    p = _start(tmp_path, log, "--max_restarts_per_hour", "2")
     try:
-        wait_for(lambda: _progress(log)[1] > 0, 120, "training to start")
         for k in range(2):
             _kill_and_wait_for_progress(log, "rollout_worker_1", restarts_before=k)
         os.kill(child_pids(log)["rollout_worker_1"], signal.SIGKILL)
