@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import errno
+import hashlib
 import json
 import math
 import os
@@ -302,6 +303,9 @@ PARAMS: list[Param] = [
       "within an hour end the run with a checkpoint (a crash loop). 0: any death stops the run. --sync_mode hts/ppo "
       "never heal (their runs are bit-for-bit repeatable)", scope="train", min_value=0, max_value=10**6),
     P("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1, max_value=1024),
+    P("distributed_timeout_sec", float, 300.0, "torchrun (data-parallel learners): how long a learner waits for the "
+      "other ranks (to form the group, at each training batch and SGD step) before the run stops; a rank that dies is "
+      "noticed at once", scope="train", min_value=1.0, max_value=86400.0),
     P("learner_torch_threads", int, 0, "torch threads of the learner (0: the number of cores; with --sync_mode hts "
       "half of them, since collection runs beside training: measured on 2 cores, two learner threads contending with "
       "the workers cost hts 25-40%% of its throughput)", scope="train", min_value=0, max_value=1024),
@@ -1004,7 +1008,11 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
         notes.append(f"--with_pbt True with --num_policies {values['num_policies']}: population-based training needs "
                      "2 or more policies; nothing to do")
     if mode == "train" and values["seed"] is None:  # every run is reproducible from its config.json
-        values["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "") if os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        if run_id:  # torchrun: every rank must draw the same seed (rank 0's config.json keeps it)
+            values["seed"] = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "little") & 0x7FFFFFFF
+        else:
+            values["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         notes.append(f"--seed {values['seed']} (drawn at random; config.json keeps it)")
     cfg = argparse.Namespace(**values)
     verify(cfg, mode)
@@ -1102,10 +1110,13 @@ def _check_writable(train_dir: Path) -> None:
 
 def resolve_device(cfg) -> str:
     """'cuda' or 'cpu' for --device auto/cpu/cuda."""
-    if cfg.device == "auto":
+    device = cfg.device
+    if device == "auto":
         import torch
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg.device
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and os.environ.get("WORLD_SIZE", "1") != "1":  # torchrun: this rank's GPU of the machine
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
 
 
 def save_cfg(cfg, exp_dir: Path) -> Path:

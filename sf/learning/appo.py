@@ -39,8 +39,12 @@ STAT_KEYS = ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "c
 
 
 class APPO:
-    def __init__(self, model: torch.nn.Module, cfg, device, policy_id: int = 0):
+    def __init__(self, model: torch.nn.Module, cfg, device, policy_id: int = 0,
+                 grad_hook: Optional[Callable[[], None]] = None):
+        """`grad_hook()`: called after every backward, before gradient clipping and the optimizer step (e.g.
+        sf.distributed.GradientAllReduce: data-parallel learners average their gradients there)."""
         self.model, self.cfg, self.device = model, cfg, torch.device(device)
+        self.grad_hook = grad_hook
         self.exploration_loss_coeff = cfg.exploration_loss_coeff
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -74,7 +78,9 @@ class APPO:
             lag_f = lag_f[own] if bool(own.any()) else lag_f
         num_valid = valid.sum()
         lag_stats = torch.stack([lag_f.min(), lag_f.mean(), lag_f.max(), num_valid.float()]).tolist()
-        if lag_stats[3] == 0:  # every sample too old: nothing to learn, no forward, no step, no new version
+        # every sample too old: nothing to learn, no forward, no step, no new version (data-parallel learners still go
+        # through the step: the others wait for this rank's gradients; none of them steps if no rank had any)
+        if lag_stats[3] == 0 and self.grad_hook is None:
             return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False
         dones = mb["dones"]
         seq_dones = torch.nn.functional.pad(dones, (0, 1))  # [n, T+1]; the done of step T is never used
@@ -122,9 +128,11 @@ class APPO:
 
         self.optimizer.zero_grad(set_to_none=True)
         terms["loss"].backward()
+        if self.grad_hook is not None:  # before clipping: the clip and the step must see the averaged gradients
+            self.grad_hook()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm and cfg.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        stepped = bool(torch.isfinite(grad_norm))
+        stepped = bool(torch.isfinite(grad_norm)) and (self.grad_hook is None or float(grad_norm) > 0)
         if stepped:  # a non-finite gradient would destroy the weights: skip the step (grad_norm shows it)
             self.optimizer.step()
 

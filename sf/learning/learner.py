@@ -30,6 +30,13 @@ optimizer state and random streams of the latest checkpoint, the frames trained 
 versions above every version published so far (policy lag stays meaningful). Every slot it takes from its queue is
 marked held in SharedState.slot_owner until it returns it to the free list: the runner queues a dead learner's held
 slots again for its replacement.
+
+Data-parallel learners (torchrun, sf/distributed.py): the learners of all ranks form one process group. At start rank
+0's weights are broadcast (a resumed run: every rank loaded the same checkpoint, checked); every SGD step averages the
+gradients over the ranks (APPO's grad_hook) and then copies rank 0's normalizer buffers, so every rank holds the same
+weights after every step; before each training batch the learners agree (one small all-reduce) whether to go on and
+sum their frame counters, so they train the same number of batches and stop at the same boundary. Only rank 0 writes
+checkpoints. A collective that fails (a peer died) stops the run, with a checkpoint from rank 0.
 """
 from __future__ import annotations
 
@@ -43,6 +50,7 @@ import time
 
 import torch
 
+from sf import distributed
 from sf.learning.appo import APPO
 from sf.learning.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
                                     restore_rng_states, weights_sha256)
@@ -62,10 +70,11 @@ def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
 class Learner:
     def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
                  frameskip: int, num_agents: int = 1, policy_id: int = 0, all_weights: list | None = None,
-                 replacement: bool = False):
+                 replacement: bool = False, world: distributed.World | None = None):
         """frameskip: env frames per env step, num_agents: agents per env (the env's spec: the learner counts frames,
         it knows no env). queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
-        replacement: this learner replaces one that died (see the module docstring)."""
+        replacement: this learner replaces one that died (see the module docstring). world: the data-parallel ranks
+        (torchrun; default one rank)."""
         self.cfg, self.buffers, self.q = cfg, buffers, queues
         self.policy_id, self.all_weights = policy_id, all_weights or [shared_weights]
         self.population = getattr(cfg, "num_policies", 1) > 1
@@ -75,7 +84,12 @@ class Learner:
             deterministic_kernels(self.device)
         torch.manual_seed(stream_seed(run_seed(cfg), MODEL, *policy_stream(policy_id)))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
-        self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id)
+        self.world = world or distributed.World()
+        grad_hook = None
+        if self.world.distributed:
+            distributed.init_learner_group(self.world, self.device, cfg.distributed_timeout_sec)
+            grad_hook = distributed.GradientAllReduce(self.model.parameters())
+        self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=policy_id, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric)
@@ -95,6 +109,8 @@ class Learner:
             self._take_over()
         else:
             self._load_checkpoint()
+        if self.world.distributed:
+            self._join_ranks()
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
         self.sync_batch = 0  # hts/ppo: the rollout interval whose batch comes next
         self.published = {}  # hts/ppo: batches trained on -> the policy version published after them
@@ -134,9 +150,23 @@ class Learner:
                  ("the latest checkpoint (the learner died writing its weights)" if state else "initialisation"),
                  f"of the latest checkpoint (version {int(state['policy_version'])})" if state else "fresh (no checkpoint yet)",
                  self.version, self.env_steps)
+    def _join_ranks(self) -> None:
+        """Every rank starts from rank 0's weights at the same version and trained frames; a resumed run needs every
+        rank to have loaded the same checkpoint (its optimizer state is not broadcast)."""
+        versions = distributed.agree([self.version, self.version ** 2, self.env_steps])
+        n = self.world.world_size
+        if versions[0] * versions[0] != versions[1] * n:  # sum^2 == n * sum of squares <=> every rank equal
+            raise distributed.DistributedError(
+                f"rank {self.world.rank} resumed from policy version {self.version}, other ranks from others: every rank "
+                "needs the same experiment directory (one machine, or a shared file system) to resume")
+        distributed.broadcast_state(self.model)
+        self.env_steps = int(versions[2] // n)
+
     def save(self, final: bool = False) -> None:
+        if self.world.rank != 0:  # rank 0 writes the checkpoints: every rank holds the same weights
+            return
         extra = {"minibatch_rng": self.appo.generator.get_state(), "policy_id": self.policy_id,
-                 "hyperparams": dict(self.hyperparams)}
+                 "hyperparams": dict(self.hyperparams), "world_size": self.world.world_size}
         state = make_checkpoint_state(self.model, self.appo.optimizer, self.version, self.env_steps, self.meta,
                                       extra=extra)
         path = self.checkpoints.save(state, self.version, self.env_steps)
@@ -177,6 +207,8 @@ class Learner:
         self.state.learner[self.policy_id, VERSION] = version
 
     def _on_sgd_step(self, version: int) -> None:
+        if self.world.distributed:  # normalizers were updated from each rank's own batch: rank 0's for all
+            distributed.broadcast_state(self.model, buffers_only=True)
         if self.sync:  # the actors' weights change at batch boundaries only
             self.version = version
             self.state.beat(self.heartbeat)
@@ -311,18 +343,39 @@ class Learner:
         self.state.set_started(self.heartbeat)
         from sf.processes.control import runner_alive
         try:
-            while not self.state.stopping() and runner_alive():
+            while True:
+                stopping = self.state.stopping() or not runner_alive()
+                if stopping and not self.world.distributed:
+                    break
                 self.state.beat(self.heartbeat)
                 if self.population:  # also while no batch comes: a copy is visible to the actors at once
                     self.apply_population_updates()
                 try:
-                    self.train(batches.get(timeout=0.1))
+                    experience = batches.get(timeout=0.1)
                 except queue.Empty:
-                    pass
+                    experience = None
+                if self.world.distributed:
+                    if experience is None and not stopping:
+                        continue
+                    if not self._ranks_go_on(stopping):  # every rank stops at this batch boundary
+                        break
+                if experience is not None:
+                    self.train(experience)
+        except distributed.DistributedError:
+            self.save(final=True)  # rank 0: the weights of the last step every rank made
+            raise
         finally:
             stop.set()
             thread.join(timeout=5)
         self.finish()
+
+    def _ranks_go_on(self, stopping: bool) -> bool:
+        """Data-parallel: before a training batch (or at a stop request), the ranks learn whether any of them stops,
+        and their summed frame counters (the run's totals, which the runner reports and budgets on)."""
+        collected = float(self.state.worker_frames.sum())
+        stops, trained, collected = distributed.agree([float(stopping), float(self.env_steps), collected])
+        self.state.world_frames[:] = torch.tensor([trained, collected], dtype=torch.float64)
+        return stops == 0
 
     def finish(self) -> None:
         self.save(final=True)
@@ -334,7 +387,7 @@ def learner_threads(cfg) -> int:
     """--learner_torch_threads, or by default every core (a population's learners: an equal share each), except in hts
     mode, where the next batch is collected while this one trains: then half of them (a number independent of the worker layout, so that every layout computes the
     same bits). OpenMP threads of a learner that owns every core spin while the workers hold one of them."""
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) or 1  # this rank's share of the machine (torchrun: sf.train sets it)
     if cfg.learner_torch_threads:
         return cfg.learner_torch_threads
     if getattr(cfg, "sync_mode", "async") == "hts":
@@ -345,9 +398,9 @@ def learner_threads(cfg) -> int:
 def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
                 frameskip, num_agents=1, policy_id=0, all_weights=None, replacement=False) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
-    share them)."""
+    share them). Its data-parallel rank comes from torchrun's environment (inherited through the fork server)."""
     from sf.processes.control import limit_threads
     limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                      frameskip, num_agents, policy_id, all_weights, replacement)
+                      frameskip, num_agents, policy_id, all_weights, replacement, distributed.world_from_env())
     learner.run()

@@ -14,6 +14,8 @@
                                     the learner sets it back to -1 once copied
     shaping         [P, K]  float64 per policy: reward-shaping coefficients of the env (K = len(shaping_keys); 0 for envs
                                     without shaping), which rollout workers pass to an agent's env at its episode start
+    world_frames    [2]     float64 data-parallel runs (torchrun): env frames trained and collected by all ranks, as the
+                                    learners last agreed (sf/distributed.py); zeros otherwise
     heartbeats      [X]     float64 time.monotonic() of each process's last sign of life (learners, policy workers,
                                     rollout workers): the runner's watchdog for a process stuck in a call that never
                                     returns (an env engine that hangs), which no exception or exit code reveals
@@ -78,6 +80,7 @@ class SharedState:
         self.stop = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.worker_frames = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
         self.learner = torch.zeros((num_policies, 3), dtype=torch.float64).share_memory_()
+        self.world_frames = torch.zeros(2, dtype=torch.float64).share_memory_()
         self.best_metric = torch.zeros((num_policies, 2), dtype=torch.float64).share_memory_()
         self.sync_ready = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.hyperparams = torch.full((num_policies, len(HYPERPARAMS)), float("nan"), dtype=torch.float64).share_memory_()

@@ -32,6 +32,7 @@ from types import SimpleNamespace
 import psutil
 import torch
 
+from sf import distributed
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers, shm_available_bytes, shm_used_bytes
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
@@ -69,7 +70,11 @@ def run_training(cfg) -> int:
     anything on disk touched: the experiment directory, config.json (atomically), the log, the run."""
     early = setup_logging()  # the checks' warnings reach the console now and the log file once it exists
     report_background_errors()
-    runner = Runner(cfg)
+    world = data_parallel_world(cfg)
+    runner = Runner(cfg, world)
+    if world.rank > 0:  # the experiment directory is rank 0's: this rank logs to the console only
+        logging.getLogger().removeHandler(early)
+        return runner.run()
     exp_dir = prepare_experiment_dir(cfg)
     save_cfg(cfg, exp_dir)
     try:
@@ -77,6 +82,32 @@ def run_training(cfg) -> int:
     except OSError as e:
         raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
     return runner.run()
+
+
+def data_parallel_world(cfg) -> distributed.World:
+    """This process's rank when torchrun started it (sf/distributed.py: the learners of all ranks average their
+    gradients); one rank otherwise. Refuses what data-parallel runs do not support, gives the rank its share of the
+    machine's cores (ranks of one machine split them) and, past rank 0, streams of its own for envs, actions and
+    minibatches (the weights are rank 0's, broadcast at start)."""
+    try:
+        world = distributed.world_from_env()
+    except ValueError as e:
+        raise ConfigError(f"torchrun's environment: {e}") from None
+    if not world.distributed:
+        return world
+    for refused, why in ((cfg.sync_mode != "async", f"--sync_mode {cfg.sync_mode}"),
+                         (cfg.num_policies > 1, f"--num_policies {cfg.num_policies}"), (cfg.serial_mode, "--serial_mode")):
+        if refused:
+            raise ConfigError(f"{why}: data-parallel runs (torchrun) support one policy trained asynchronously only")
+    cores = sorted(os.sched_getaffinity(0))
+    if world.local_world_size > 1 and len(cores) >= world.local_world_size:
+        os.sched_setaffinity(0, cores[world.local_rank::world.local_world_size])  # inherited by every process started
+    if world.rank > 0:
+        cfg.seed = (cfg.seed + 1_000_003 * world.rank) & 0x7FFFFFFF
+    log.info("Data-parallel rank %d of %d (local rank %d of %d, cores %s), learners' group at %s:%d; --batch_size %d "
+             "per rank", world.rank, world.world_size, world.local_rank, world.local_world_size,
+             ",".join(map(str, sorted(os.sched_getaffinity(0)))), world.master_addr, world.master_port, cfg.batch_size)
+    return world
 
 
 def report_background_errors() -> None:
@@ -227,10 +258,11 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int) -> No
 
 
 class Runner:
-    def __init__(self, cfg):
+    def __init__(self, cfg, world: distributed.World | None = None):
         """Checks only: the env runs, the model fits the checkpoint to resume, the run fits in memory. Nothing is
-        written or allocated here (build() does that when the run starts)."""
+        written or allocated here (build() does that when the run starts). world: torchrun's ranks (one by default)."""
         self.cfg, self.exp_dir = cfg, experiment_dir(cfg)
+        self.world = world or distributed.World()
         tracking.check(cfg)  # --with_wandb: wandb imports
         add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
         self.device = resolve_device(cfg)
@@ -275,6 +307,12 @@ class Runner:
                 state = manager.load("latest")
                 if state is not None:
                     check_compatible(state["meta"], self.meta, state.get("path", self.exp_dir / f"checkpoint_p{p}"))
+                    ranks = int(state.get("world_size", 1))
+                    if ranks != self.world.world_size:
+                        raise CheckpointError(
+                            f"{state.get('path', self.exp_dir)} was trained by {ranks} data-parallel rank(s), this run "
+                            f"has {self.world.world_size}: resume with the same number (torchrun --nnodes x "
+                            f"--nproc-per-node = {ranks}), or start a new experiment")
         except CheckpointError as e:
             raise ConfigError(str(e)) from None
 
@@ -305,6 +343,8 @@ class Runner:
         if cfg.sync_mode == "async":  # (hts/ppo: fixed slots, no free list)
             self.queues.free.put_many(list(range(num_slots)))
         self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip, sync_mode=cfg.sync_mode, num_policies=P)
+        self.stats.enabled = self.world.rank == 0  # rank 0 writes TensorBoard
+        self.world_report = (time.time(), 0.0)  # data-parallel: (time, collected frames of all ranks) at the last report
         hyper = self.population.hyperparams() if self.population else [initial_hyperparams(cfg, self.shaping)] * P
         fill_shared(self.state, hyper)
         if self.population:
@@ -337,7 +377,8 @@ class Runner:
         mode = MODE_LINES[cfg.sync_mode].format(batch=self.trajs_per_batch * cfg.rollout,
                                                 steps=sync_minibatches(cfg) * cfg.num_epochs)
         log.info("Mode: %s", mode)
-        self.stats.writer.add_text("config/mode", mode)
+        if self.stats.enabled:
+            self.stats.writer.add_text("config/mode", mode)
 
     def worker_queues(self, w: int):
         """A rollout worker's: every policy's request and learner queue, its own reply queue."""
@@ -401,7 +442,9 @@ class Runner:
                 self._drain_reports()
                 if name in self.reported:  # its error stopped the run
                     continue
-                if self.healing and self.learner_ready and not self.state.stopping():
+                # (a data-parallel learner is not replaced: a new one could not join the ranks' group)
+                if self.healing and self.learner_ready and not self.state.stopping() and not (
+                        self.world.distributed and process_kind(name) == "learner"):
                     self._replace(name, p)
                     continue
                 log.error("%s %s; stopping the run", name, self.causes.pop(name, None) or
@@ -565,7 +608,10 @@ class Runner:
 
     # --- main loop ---
     def trained_frames(self) -> int:
-        """Env frames every policy has trained on (the least of them: the frame budget holds for each policy)."""
+        """Env frames every policy has trained on (the least of them: the frame budget holds for each policy); in a
+        data-parallel run, all ranks together (the budget is the run's)."""
+        if self.world.distributed:
+            return int(self.state.world_frames[0])
         return min(self.state.policy_env_steps())
 
     def budget_reached(self, start: float) -> bool:
@@ -584,7 +630,8 @@ class Runner:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.time()
         try:
-            self.stats.tracker = tracking.start(self.cfg, self.exp_dir)  # W&B (--with_wandb); before the processes
+            if self.stats.enabled:  # W&B (--with_wandb); before the processes
+                self.stats.tracker = tracking.start(self.cfg, self.exp_dir)
             if self.cfg.serial_mode:
                 try:
                     self.run_serial(start)
@@ -617,7 +664,13 @@ class Runner:
             self.close_queues()
         frames, wall = sum(self.state.policy_env_steps()), time.time() - start
         rate = (frames - self.stats.start_frames) / max(wall, 1e-9)
-        if self.num_policies == 1:
+        if self.world.distributed:
+            log.info("Done (rank %d of %d): %d env frames in %s (%.0f frames/s), policy version %d; all ranks: %d env "
+                     "frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall), rate,
+                     self.stats.version, self.trained_frames(),
+                     f"Checkpoints: {self.exp_dir / 'checkpoint_p0'}; TensorBoard: tensorboard --logdir "
+                     f"{self.exp_dir.parent}" if self.world.rank == 0 else "(rank 0 writes the checkpoints)")
+        elif self.num_policies == 1:
             log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. Checkpoints: %s; TensorBoard: "
                      "tensorboard --logdir %s", frames, format_duration(wall), rate, self.stats.version,
                      self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
@@ -662,6 +715,12 @@ class Runner:
         log.info("%s%s", self.stats.report_line(), progress_bar(self.trained_frames() - first,
                                                                 self.cfg.train_for_env_steps - first,
                                                                 time.time() - start, self.cfg.train_for_seconds))
+        if self.world.distributed and self.world.rank == 0:
+            now, collected = time.time(), float(self.state.world_frames[1])
+            then, before = self.world_report
+            log.info("All %d ranks: %d env frames collected (%.1f frames/s), %d trained", self.world.world_size,
+                     collected, (collected - before) / max(now - then, 1e-9), self.trained_frames())
+            self.world_report = (now, collected)
 
     def stop_processes(self) -> None:
         """Ask everyone to stop, let the learner write its final checkpoint, then reap every process."""

@@ -98,6 +98,7 @@ class RunStats:
         self._writer = None
         self.exp_dir = exp_dir
         self.tracker = None  # a tracking.WandbTracker (--with_wandb): receives what goes to TensorBoard
+        self.enabled = True  # False: nothing written (data-parallel ranks other than 0)
 
     # one policy's figures under the names a one-policy run always had
     @property
@@ -181,6 +182,8 @@ class RunStats:
                f"(in SGD steps: {lag[len('Policy lag ('):]}"
 
     def write_summaries(self) -> None:
+        if not self.enabled:
+            return
         step = self.total_frames
         w = self.writer
         fps10 = self.fps(10)

@@ -25,7 +25,9 @@ import psutil
 
 from sf.processes.control import ParentDied, _raise_parent_died, die_with_parent, kill_processes, set_parent
 
-LOG_FORMAT = "[%(asctime)s][%(process)d][%(levelname)s] %(message)s"
+# torchrun (data-parallel ranks, sf/distributed.py): every line names its rank
+_RANK = f"[rank {os.environ.get('RANK', '0')}]" if os.environ.get("WORLD_SIZE", "1") != "1" else ""
+LOG_FORMAT = f"[%(asctime)s][%(process)d]{_RANK}[%(levelname)s] %(message)s"
 LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
 STACK_SIGNAL = signal.SIGUSR1
 TRACE_LOG = "sf.trace"  # logger of crash tracebacks: the log file only (the console gets one line per crash)

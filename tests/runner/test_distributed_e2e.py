@@ -1,0 +1,139 @@
+"""Data-parallel learners launched with torchrun (issue 19), end to end: `torchrun --standalone --nproc-per-node 2
+train.py ...` runs two whole stacks whose learners average their gradients (gloo on CPU). Each test checks what a user
+sees: both ranks end with the same weights (their `Final weights sha256` lines), only rank 0 writes checkpoints, a
+Ctrl-C to the terminal's process group stops both cleanly, a rank that dies stops the other, and a resume with another
+number of ranks is refused in one line. The oracle (2 ranks x batch B == 1 rank x batch 2B) is
+tests/learning/test_distributed.py."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from test_train_e2e import SMALL, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_torchrun(args: list, log: Path) -> subprocess.Popen:
+    """torchrun with 2 ranks on this machine, in a session of its own (a terminal's process group: Ctrl-C reaches
+    torchrun and every rank). --standalone picks its own rendezvous port; --master-port keeps parallel test runs
+    apart."""
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           str(ROOT / "train.py"), *args]
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
+
+
+def digests(text: str) -> dict:
+    return {int(r): d for r, d in re.findall(r"\[rank (\d)\]\[INFO\] Final weights sha256: ([0-9a-f]{64})", text)}
+
+
+def rank_pids(text: str) -> dict:
+    """rank -> the pid of its runner (the pid field of its log lines)."""
+    return {int(r): int(p) for p, r in re.findall(r"\]\[(\d+)\]\[rank (\d)\]\[INFO\] Data-parallel rank", text)}
+
+
+def tree(pid: int) -> list:
+    try:
+        return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def gone(procs: list) -> bool:
+    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+
+
+def args(tmp_path, env="test_corridor", *extra) -> list:
+    return ["--env", env, "--experiment", "ddp", "--train_dir", str(tmp_path), "--num_workers", "1", "--seed", "5",
+            *SMALL, "--num_envs_per_worker", "2", *extra]
+
+
+@pytest.mark.doom
+def test_two_ranks_train_doom_basic_to_identical_weights(tmp_path):
+    pytest.importorskip("vizdoom")
+    log = tmp_path / "log.txt"
+    p = start_torchrun(args(tmp_path, "doom_basic", "--train_for_env_steps", "8000"), log)
+    try:
+        rc = p.wait(timeout=300)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    final = digests(text)
+    assert set(final) == {0, 1} and final[0] == final[1], text[-3000:]
+    saves = re.findall(r"\[rank (\d)\]\[INFO\] Saved (?:final )?checkpoint", text)
+    assert saves and set(saves) == {"0"}  # only rank 0 writes checkpoints
+    assert re.search(r"\[rank 0\]\[INFO\] All 2 ranks: \d+ env frames collected", text)
+    totals = [int(n) for n in re.findall(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), (\d+) trained",
+                                         text)]
+    assert totals[-1] >= 8000  # the budget is the run's: both ranks together
+    assert len(list((tmp_path / "ddp").glob("config.json"))) == 1
+    # a resume with another number of ranks: one line, nothing touched
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), *args(tmp_path, "doom_basic", "--train_for_env_steps",
+                                                                         "16000")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert re.search(r"was trained by 2 data-parallel rank\(s\), this run has 1: resume with the same number", res.stderr)
+    assert "Traceback" not in res.stderr
+
+
+def start_training(tmp_path, log: Path) -> subprocess.Popen:
+    """A long run of 2 ranks on test_corridor, returned once both ranks trained."""
+    p = start_torchrun(args(tmp_path, "test_corridor", "--train_for_seconds", "600"), log)
+    try:
+        wait_for(lambda: re.search(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), [1-9]\d* trained",
+                                   log.read_text()), 180, "both ranks to train")
+    except BaseException:
+        p.kill()
+        raise
+    return p
+
+
+def test_ctrl_c_stops_both_ranks_with_a_checkpoint(tmp_path):
+    log = tmp_path / "log.txt"
+    p = start_training(tmp_path, log)
+    try:
+        procs = [q for pid in rank_pids(log.read_text()).values() for q in tree(pid)]
+        os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    text = log.read_text()
+    final = digests(text)
+    assert set(final) == {0, 1} and final[0] == final[1], text[-3000:]
+    assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", text)
+    wait_for(lambda: gone(procs), 20, "every process of both ranks to exit")
+
+
+def test_a_rank_that_dies_stops_the_other(tmp_path):
+    log = tmp_path / "log.txt"
+    p = start_training(tmp_path, log)
+    try:
+        pids = rank_pids(log.read_text())
+        procs = [q for pid in pids.values() for q in tree(pid)]
+        os.kill(pids[1], signal.SIGKILL)
+        t0 = time.time()
+        rc = p.wait(timeout=90)
+        stopped_in = time.time() - t0
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert rc != 0
+    assert stopped_in < 45, f"rank 0 stopped {stopped_in:.0f} s after rank 1 died"
+    wait_for(lambda: gone(procs), 20, "every process of both ranks to exit")
+    assert list((tmp_path / "ddp" / "checkpoint_p0").glob("checkpoint_*.pth")), text[-3000:]
