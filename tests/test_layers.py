@@ -14,7 +14,7 @@ LAYERS = [
     {"sf.cfg"},
     {"sf.model"},
     {"sf.buffers"},
-    {"sf.learning", "sf.sampling"},
+    {"sf.learning", "sf.sampling", "sf.distributed"},
     {"sf.runner", "sf.enjoy", "sf.train", "sf.plot"},
 ]
 # and within a layer, these never import each other

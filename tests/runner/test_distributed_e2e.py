@@ -93,8 +93,9 @@ def test_two_ranks_train_doom_basic_to_identical_weights(tmp_path):
 
 
 def start_training(tmp_path, log: Path) -> subprocess.Popen:
-    """A long run of 2 ranks on test_corridor, returned once both ranks trained."""
-    p = start_torchrun(args(tmp_path, "test_corridor", "--train_for_seconds", "600"), log)
+    """A long run of 2 ranks on doom_basic, returned once both ranks trained."""
+    pytest.importorskip("vizdoom")
+    p = start_torchrun(args(tmp_path, "doom_basic", "--train_for_seconds", "600"), log)
     try:
         wait_for(lambda: re.search(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), [1-9]\d* trained",
                                    log.read_text()), 180, "both ranks to train")
@@ -104,6 +105,7 @@ def start_training(tmp_path, log: Path) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.doom
 def test_ctrl_c_stops_both_ranks_with_a_checkpoint(tmp_path):
     log = tmp_path / "log.txt"
     p = start_training(tmp_path, log)
@@ -120,6 +122,7 @@ def test_ctrl_c_stops_both_ranks_with_a_checkpoint(tmp_path):
     wait_for(lambda: gone(procs), 20, "every process of both ranks to exit")
 
 
+@pytest.mark.doom
 def test_a_rank_that_dies_stops_the_other(tmp_path):
     log = tmp_path / "log.txt"
     p = start_training(tmp_path, log)
@@ -136,4 +139,5 @@ def test_a_rank_that_dies_stops_the_other(tmp_path):
     assert rc != 0
     assert stopped_in < 45, f"rank 0 stopped {stopped_in:.0f} s after rank 1 died"
     wait_for(lambda: gone(procs), 20, "every process of both ranks to exit")
-    assert list((tmp_path / "ddp" / "checkpoint_p0").glob("checkpoint_*.pth")), text[-3000:]
+    assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", text), text[-3000:]  # rank 0's, at the failure
+    assert "DistributedError" in text or "SIGTERM received" in text, text[-3000:]

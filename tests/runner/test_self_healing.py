@@ -227,9 +227,9 @@ def test_crash_loop_stops_the_run(tmp_path):
 
 
 @pytest.mark.doom
-def test_killed_doom_worker_leaves_no_engine_and_is_replaced(tmp_path):
-    """A rollout worker SIGKILLed: its VizDoom engines (adopted by the runner) die with their shared memory, and its
-    replacement's engines play on."""
+def test_doom_run_survives_a_kill_of_each_process_kind(tmp_path):
+    """doom_basic: a rollout worker SIGKILLed: its VizDoom engines (adopted by the runner) die with their shared memory,
+    and its replacement's engines play on; then the policy worker and the learner: the run goes on each time."""
     pytest.importorskip("vizdoom")
     shm_before = shm_files()
     log = tmp_path / "log.txt"
@@ -249,8 +249,11 @@ def test_killed_doom_worker_leaves_no_engine_and_is_replaced(tmp_path):
         replacement = psutil.Process(child_pids(log)["rollout_worker_1"])
         wait_for(lambda: len([c for c in replacement.children() if c.name() == "vizdoom"]) == 2, 30,
                  "the replacement's engines")
+        for name in ("policy_worker_0", "learner"):
+            _kill_and_wait_for_progress(log, name)
         text = _stop(p, log)
     finally:
         p.kill()
     assert "every slot accounted for exactly once" in text
+    assert "Faults: 3 restarts (rollout workers 1, policy workers 1, learners 1)" in text
     wait_for(lambda: shm_files() <= shm_before, 10, "no shared memory left")

@@ -251,14 +251,15 @@ def _alive(pid: int) -> bool:
 def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
     """VizDoom engines are processes of the rollout workers, with shared-memory segments of their own. The runner
     SIGKILLed: the workers close their games instead of dying at once. A worker SIGKILLed: the runner, their
-    subreaper, adopts its engines and ends them when the run stops, removing their shared memory. Either way no engine
-    and no segment outlives the run."""
+    subreaper, adopts its engines and ends them when the run stops, removing their shared memory (here without
+    self-healing, which would replace the worker: tests/runner/test_self_healing.py). Either way no engine and no
+    segment outlives the run."""
     pytest.importorskip("vizdoom")
     shm_before = shm_files()
     log = tmp_path / "log.txt"
     p = start_train(["--env", "doom_basic", "--experiment", "e2e", "--train_dir", str(tmp_path), "--num_workers", "2",
                      "--num_envs_per_worker", "2", "--hidden_size", "32", "--report_interval_sec", "1",
-                     "--train_for_seconds", "300", "--device", "cpu"], log)
+                     "--train_for_seconds", "300", "--device", "cpu", "--max_restarts_per_hour", "0"], log)
     try:
         wait_for(lambda: re.search(r"Total num frames: [1-9]", log.read_text()), 120, "frames to be collected")
         procs = [c for c in psutil.Process(p.pid).children(recursive=True) if c.name() == "vizdoom"]
