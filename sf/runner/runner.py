@@ -62,6 +62,10 @@ MODE_LINES = {
 # A process still starting (making and resetting its envs: a VizDoom engine took > 5 s to start on a loaded 2-core VM)
 # is stuck only after this long, even with a shorter --stall_timeout_sec
 STARTUP_STALL_SEC = 60.0
+# A silent process that spent this share of its silence waiting for a CPU (run-queue time, /proc/<pid>/schedstat) is
+# starved by other work, not stuck: it gets up to STARVED_GRACE x the timeout (seen: rollout workers silent for 10 s
+# under two training runs on 2 cores, some not even able to write their stack within 2 s)
+STARVED_SHARE, STARVED_GRACE = 0.25, 6.0
 STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are killed after it (budget: 10 s)
 
 
@@ -212,6 +216,15 @@ def probe_env(cfg):
     return obs_space, action_space, env_bytes, modules, shaping
 
 
+def run_queue_seconds(pid: int) -> float:
+    """Seconds the main thread of `pid` has spent runnable but waiting for a CPU (0.0 where unknown)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _uss(process) -> int:
     """Memory private to `process` (bytes; RSS where USS cannot be read)."""
     try:
@@ -356,6 +369,7 @@ class Runner:
         self.interrupts = 0
         self.reported: set[str] = set()  # processes whose death was already reported (one line each)
         self.causes: dict[str, str] = {}  # process -> how it failed (its exception, a stall), for its restart line
+        self.silence: dict[str, tuple] = {}  # process silent for half its stall limit -> (silence, run-queue seconds)
         self.healer = Healer(cfg, self.state, self.queues, self.spec.frameskip)
         self.healing = cfg.max_restarts_per_hour > 0 and cfg.sync_mode == "async" and not cfg.serial_mode
         if self.healing:
@@ -522,7 +536,17 @@ class Runner:
         for name, p in self.procs.items():
             idle = self.state.seconds_since_beat(name)
             limit = timeout if self.state.has_started(name) else max(timeout, STARTUP_STALL_SEC)
+            if idle < limit / 2:
+                self.silence.pop(name, None)
+                continue
+            if name not in self.silence:  # half-way: the run-queue time from here on tells starved from stuck
+                self.silence[name] = (idle, run_queue_seconds(p.pid))
+                continue
             if idle > limit and p.is_alive():
+                since, waited = self.silence[name]
+                if idle < STARVED_GRACE * limit and \
+                        run_queue_seconds(p.pid) - waited > STARVED_SHARE * (idle - since):
+                    continue  # waiting for a CPU, not stuck
                 self._drain_reports()  # the stack file of a process that only just started
                 healing = self.healing and self.learner_ready
                 why = f"--stall_timeout_sec {timeout:g}" if limit == timeout else f"starting: {limit:g} s allowed"
