@@ -83,9 +83,21 @@ def test_two_ranks_train_doom_basic_to_identical_weights(tmp_path):
                                          text)]
     assert totals[-1] >= 8000  # the budget is the run's: both ranks together
     assert len(list((tmp_path / "ddp").glob("config.json"))) == 1
+    # resumed with the same number of ranks: both from rank 0's checkpoint, to identical weights again
+    p = start_torchrun(args(tmp_path, "doom_basic", "--train_for_env_steps", "12000"), log)
+    try:
+        rc = p.wait(timeout=300)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    resumed = re.findall(r"\[rank (\d)\]\[INFO\] Resumed from checkpoint: policy version (\d+)", text)
+    assert sorted(r for r, _ in resumed) == ["0", "1"] and len({v for _, v in resumed}) == 1, text[-3000:]
+    again = digests(text)
+    assert set(again) == {0, 1} and again[0] == again[1] != final[0]
     # a resume with another number of ranks: one line, nothing touched
     res = subprocess.run([sys.executable, str(ROOT / "train.py"), *args(tmp_path, "doom_basic", "--train_for_env_steps",
-                                                                         "16000")],
+                                                                         "24000")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert re.search(r"was trained by 2 data-parallel rank\(s\), this run has 1: resume with the same number", res.stderr)
