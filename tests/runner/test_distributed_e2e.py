@@ -63,17 +63,23 @@ def args(tmp_path, env="test_corridor", *extra) -> list:
             *SMALL, "--num_envs_per_worker", "2", *extra]
 
 
-@pytest.mark.doom
-def test_two_ranks_train_doom_basic_to_identical_weights(tmp_path):
-    pytest.importorskip("vizdoom")
-    log = tmp_path / "log.txt"
-    p = start_torchrun(args(tmp_path, "doom_basic", "--train_for_env_steps", "8000"), log)
+def run_to_the_end(train_args: list, log: Path) -> str:
+    """torchrun with 2 ranks until its budget; asserts exit code 0, returns the console."""
+    p = start_torchrun(train_args, log)
     try:
         rc = p.wait(timeout=300)
     finally:
         p.kill()
     text = log.read_text()
     assert rc == 0, text[-4000:]
+    return text
+
+
+@pytest.mark.doom
+def test_two_ranks_train_doom_basic_to_identical_weights(tmp_path):
+    pytest.importorskip("vizdoom")
+    log = tmp_path / "log.txt"
+    text = run_to_the_end(args(tmp_path, "doom_basic", "--train_for_env_steps", "8000"), log)
     final = digests(text)
     assert set(final) == {0, 1} and final[0] == final[1], text[-3000:]
     saves = re.findall(r"\[rank (\d)\]\[INFO\] Saved (?:final )?checkpoint", text)
@@ -84,13 +90,7 @@ def test_two_ranks_train_doom_basic_to_identical_weights(tmp_path):
     assert totals[-1] >= 8000  # the budget is the run's: both ranks together
     assert len(list((tmp_path / "ddp").glob("config.json"))) == 1
     # resumed with the same number of ranks: both from rank 0's checkpoint, to identical weights again
-    p = start_torchrun(args(tmp_path, "doom_basic", "--train_for_env_steps", "12000"), log)
-    try:
-        rc = p.wait(timeout=300)
-    finally:
-        p.kill()
-    text = log.read_text()
-    assert rc == 0, text[-4000:]
+    text = run_to_the_end(args(tmp_path, "doom_basic", "--train_for_env_steps", "12000"), log)
     resumed = re.findall(r"\[rank (\d)\]\[INFO\] Resumed from checkpoint: policy version (\d+)", text)
     assert sorted(r for r, _ in resumed) == ["0", "1"] and len({v for _, v in resumed}) == 1, text[-3000:]
     again = digests(text)
