@@ -69,6 +69,10 @@ class Healer:
         self.lost_frames += lost_frames
         return len(self.recent[kind])
 
+    def scalars(self) -> dict[str, float]:
+        """TensorBoard's faults/ series: restarts per process kind, env frames lost."""
+        return {**{f"restarts_{kind}": float(self.totals[kind]) for kind in KINDS}, "lost_frames": float(self.lost_frames)}
+
     def summary(self) -> str:
         return (f"{sum(self.totals.values())} restarts (rollout workers {self.totals['rollout_worker']}, policy workers "
                 f"{self.totals['policy_worker']}, learners {self.totals['learner']}), {self.lost_frames} env frames lost")
@@ -96,11 +100,7 @@ class Healer:
 
     def drop_replies(self, worker: int) -> None:
         """Empty a dead rollout worker's reply queue (replies to voided requests): its replacement's replies need room."""
-        while True:
-            try:
-                self.queues.workers[worker].get_many_nowait()
-            except Empty:
-                return
+        drain(self.queues.workers[worker])
 
     # --- trajectory slots ---
     def reclaim_worker_slots(self, worker: int, env_slots: np.ndarray, rollout: int) -> int:
@@ -127,16 +127,19 @@ class Healer:
         return len(slots)
 
 
+def drain(queue) -> list[int]:
+    """Every message on `queue` now (slot indices), taken off it."""
+    out = []
+    while True:
+        try:
+            out += [int(s) for s in queue.get_many_nowait()]
+        except Empty:
+            return out
+
+
 def audit_slots(state, queues, num_slots: int) -> str:
     """After every process stopped: every slot is exactly once on the free list, on its learner's queue, or held by
     a rollout worker or learner (SharedState.slot_owner). Empties the queues it reads. Returns a one-line verdict."""
-    def drain(queue) -> list[int]:
-        out = []
-        while True:
-            try:
-                out += [int(s) for s in queue.get_many_nowait()]
-            except Empty:
-                return out
     owner = state.slot_owner_np
     seen = collections.Counter()
     problems = []

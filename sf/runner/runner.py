@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
-import re
 import shutil
 import signal
 import sys
@@ -373,7 +372,7 @@ class Runner:
         self.healer = Healer(cfg, self.state, self.queues, self.spec.frameskip)
         self.healing = cfg.max_restarts_per_hour > 0 and cfg.sync_mode == "async" and not cfg.serial_mode
         if self.healing:
-            self.stats.faults = self._fault_scalars()
+            self.stats.faults = self.healer.scalars()
         self.own_children: set[int] = set()
         self.learner_ready = False  # the learner loaded its checkpoint and published its first weights
         for note in getattr(cfg, "_notes", []):
@@ -508,18 +507,12 @@ class Runner:
         count = heal.record(kind, lost)
         log.warning("Restarted %s (pid %d) after it %s: restart %d of %ss this hour (--max_restarts_per_hour %d); %d env "
                     "frames lost", new, self.procs[new].pid, cause, count, kind.replace("_", " "), heal.max_per_hour, lost)
-        self.stats.faults = self._fault_scalars()
+        self.stats.faults = self.healer.scalars()
 
     def _policy_worker_of(self, name: str) -> tuple[int, int]:
         """policy_worker_3 -> (0, 3); policy_worker_p1_0 -> (1, 0)."""
         parts = name[len("policy_worker_"):].split("_")
         return (int(parts[0][1:]), int(parts[1])) if len(parts) == 2 else (0, int(parts[0]))
-
-    def _fault_scalars(self) -> dict[str, float]:
-        scalars = {f"restarts_{kind}": float(self.healer.totals[kind]) for kind in ("rollout_worker", "policy_worker",
-                                                                                  "learner")}
-        scalars["lost_frames"] = float(self.healer.lost_frames)
-        return scalars
 
     def _check_stalls(self) -> bool:
         """A process that gave no sign of life for --stall_timeout_sec is alive but stuck in a call that never returns
@@ -614,7 +607,7 @@ class Runner:
                 rss = psutil.Process(p.pid).memory_info().rss
             except (psutil.Error, TypeError):
                 continue
-            kind = re.sub(r"(_p\d+)?(_\d+)?$", "", name)  # rollout_worker_3, policy_worker_p1_0, learner_p2
+            kind = process_kind(name)  # rollout_worker_3, policy_worker_p1_0, learner_p2
             key = kind + "s" if kind != name else name  # -> rollout_workers, policy_workers, learners; learner
             groups[key] = groups.get(key, 0) + rss
         self.stats.memory = {k: v / 2**20 for k, v in groups.items()}
