@@ -3,7 +3,6 @@ duel gap rule, the perturbation factors and bounds, the schedule, NaN objectives
 import json
 import math
 
-import numpy as np
 import pytest
 
 from sf.runner.pbt import (HISTORY_LIMIT, HyperSpec, PbtDecision, PbtSettings, PopulationBasedTraining,

@@ -145,7 +145,7 @@ def _kill_and_wait_for_progress(log, name: str, sig=signal.SIGKILL, restarts_bef
         wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10,
                  "the stopped process to be killed")
     wait_for(lambda: all(a > b for a, b in zip(_progress(log), (frames, version))), 90,
-             f"frames and versions to increase after {name} was replaced")
+             f"frames and versions to increase after {name} was replaced", log)
 
 
 def _stop(p, log) -> str:
@@ -161,7 +161,7 @@ def test_each_process_kind_killed_once_the_run_goes_on(tmp_path):
     p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "600",
                                "--save_every_sec", "2"), log)
     try:
-        wait_for(lambda: _progress(log)[1] > 0 and "Saved checkpoint" in log.read_text(), 120, "training to start")
+        wait_for(lambda: _progress(log)[1] > 0 and "Saved checkpoint" in log.read_text(), 120, "training to start", log)
         first = child_pids(log)
         for name in ("rollout_worker_0", "policy_worker_0", "learner"):
             _kill_and_wait_for_progress(log, name)
@@ -189,7 +189,7 @@ def _start(tmp_path, log, *extra):
     """A long test_corridor run of 2 rollout workers, returned once it trained."""
     p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "600", *extra), log)
     try:
-        wait_for(lambda: _progress(log)[1] > 0, 120, "training to start")
+        wait_for(lambda: _progress(log)[1] > 0, 120, "training to start", log)
     except BaseException:
         p.kill()
         raise
@@ -237,7 +237,7 @@ def test_doom_run_survives_a_kill_of_each_process_kind(tmp_path):
                      "--num_envs_per_worker", "2", "--hidden_size", "32", "--report_interval_sec", "1",
                      "--train_for_seconds", "600", "--device", "cpu"], log)
     try:
-        wait_for(lambda: _progress(log)[1] > 0, 150, "training to start")
+        wait_for(lambda: _progress(log)[1] > 0, 150, "training to start", log)
         worker = psutil.Process(child_pids(log)["rollout_worker_1"])
         engines = [c for c in worker.children() if c.name() == "vizdoom"]
         assert len(engines) == 2, engines

@@ -30,13 +30,15 @@ def start_train(args, log_path: Path) -> subprocess.Popen:
                             cwd=ROOT, env=env)
 
 
-def wait_for(pred, timeout: float, what: str):
+def wait_for(pred, timeout: float, what: str, log: Path | None = None):
+    """Polls `pred` until it holds; on timeout fails with the end of the run's `log`, if given (what it was doing)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if pred():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    tail = "\n" + log.read_text()[-6000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}{tail}")
 
 
 def child_pids(log_path: Path) -> dict:
@@ -115,7 +117,7 @@ def test_killed_rollout_worker_is_detected(tmp_path):
     p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "300",
                                "--max_restarts_per_hour", "0"), log)
     try:
-        wait_for(lambda: "rollout_worker_1" in child_pids(log), 90, "workers to start")
+        wait_for(lambda: "rollout_worker_1" in child_pids(log), 90, "workers to start", log)
         time.sleep(2)
         os.kill(child_pids(log)["rollout_worker_0"], signal.SIGKILL)
         rc = p.wait(timeout=30)
@@ -165,7 +167,7 @@ def test_sigint_stops_everything_and_cleans_up(tmp_path):
     log = tmp_path / "log.txt"
     p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "300"), log)
     try:
-        wait_for(lambda: re.search(r"Policy version: [1-9]", log.read_text()), 90, "training to report")
+        wait_for(lambda: re.search(r"Policy version: [1-9]", log.read_text()), 90, "training to report", log)
         pids = child_pids(log)
         assert len(pids) == 4
         t0 = time.time()
@@ -188,7 +190,7 @@ def test_stopped_and_continued_run_is_not_a_stall(tmp_path):
     p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--stall_timeout_sec", "10",
                                "--train_for_seconds", "300"), log)  # 10 s: more than a worker's start-up here
     try:
-        wait_for(lambda: re.search(r"Policy version: [1-9]", log.read_text()), 90, "training to report")
+        wait_for(lambda: re.search(r"Policy version: [1-9]", log.read_text()), 90, "training to report", log)
         runner = psutil.Process(p.pid)
         tree = [runner, *runner.children(recursive=True)]
         for proc in tree:
@@ -199,7 +201,7 @@ def test_stopped_and_continued_run_is_not_a_stall(tmp_path):
             time.sleep(1.0 if proc is runner else 0.0)
         frames = lambda: [int(x) for x in re.findall(r"Total num frames: (\d+)", log.read_text())]
         resumed_at = frames()[-1]
-        wait_for(lambda: frames()[-1] > resumed_at, 30, "frames to be collected again after the pause")
+        wait_for(lambda: frames()[-1] > resumed_at, 30, "frames to be collected again after the pause", log)
         p.send_signal(signal.SIGINT)
         rc = p.wait(timeout=20)
     finally:
@@ -215,7 +217,8 @@ def test_sigkill_then_resume_continues_counters(tmp_path):
     p = start_train(args, log)
     ckpt_dir = tmp_path / "e2e" / "checkpoint_p0"
     try:
-        wait_for(lambda: len(list(ckpt_dir.glob("checkpoint_*.pth"))) >= 1 and "Policy lag" in log.read_text(), 120, "a checkpoint")
+        wait_for(lambda: len(list(ckpt_dir.glob("checkpoint_*.pth"))) >= 1 and "Policy lag" in log.read_text(),
+                 120, "a checkpoint", log)
         time.sleep(1.5)
         pids = child_pids(log)
         p.send_signal(signal.SIGKILL)
@@ -261,7 +264,7 @@ def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
                      "--num_envs_per_worker", "2", "--hidden_size", "32", "--report_interval_sec", "1",
                      "--train_for_seconds", "300", "--device", "cpu", "--max_restarts_per_hour", "0"], log)
     try:
-        wait_for(lambda: re.search(r"Total num frames: [1-9]", log.read_text()), 120, "frames to be collected")
+        wait_for(lambda: re.search(r"Total num frames: [1-9]", log.read_text()), 120, "frames to be collected", log)
         procs = [c for c in psutil.Process(p.pid).children(recursive=True) if c.name() == "vizdoom"]
         engines, files = [c.pid for c in procs], engine_files(procs)
         assert len(engines) == 4, engines
@@ -291,17 +294,18 @@ def test_hung_engine_is_reported_with_stack_and_the_worker_replaced(tmp_path):
                      "--num_envs_per_worker", "2", "--hidden_size", "32", "--report_interval_sec", "1",
                      "--stall_timeout_sec", "4", "--train_for_seconds", "300", "--device", "cpu"], log)
     try:
-        wait_for(lambda: re.search(r"Total num frames: [1-9]", log.read_text()), 120, "frames to be collected")
+        wait_for(lambda: re.search(r"Total num frames: [1-9]", log.read_text()), 120, "frames to be collected", log)
         worker = psutil.Process(child_pids(log)["rollout_worker_1"])
         engines = [c for c in worker.children() if c.name() == "vizdoom"]
         assert len(engines) == 2, engines
         files = engine_files(engines)
         engines[0].suspend()
         t0 = time.time()
-        wait_for(lambda: "Restarted rollout_worker_1" in log.read_text(), 60, "the stuck worker to be replaced")
+        wait_for(lambda: "Restarted rollout_worker_1" in log.read_text(), 60, "the stuck worker to be replaced", log)
         assert time.time() - t0 < 4 + 10, "detection (4 s) and the replacement took too long"
         frames = int(re.findall(r"Total num frames: (\d+)", log.read_text())[-1])
-        wait_for(lambda: int(re.findall(r"Total num frames: (\d+)", log.read_text())[-1]) > frames, 60, "frames to go on")
+        wait_for(lambda: int(re.findall(r"Total num frames: (\d+)", log.read_text())[-1]) > frames,
+                 60, "frames to go on", log)
         p.send_signal(signal.SIGINT)
         rc = p.wait(timeout=30)
     finally:
