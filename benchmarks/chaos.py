@@ -271,6 +271,12 @@ def done_fps(run: Run) -> tuple[int, float] | None:
     return (int(found[-1][0]), float(found[-1][2])) if found else None
 
 
+def starved_names(run: Run) -> str:
+    """The processes the watchdog found silent past --stall_timeout_sec but waiting for a CPU (it warns once each)."""
+    names = sorted(set(re.findall(r"\] (\w+) gave no sign of life for \d+ s but is waiting for a CPU", run.text())))
+    return ", ".join(names) or "none"
+
+
 def median_fps10(run: Run) -> float:
     """Median of the 10-s FPS windows of the report lines, the first (start-up inside its window) left out."""
     fps = [float(m.group(1)) for m in FPS_RE.finditer(run.text()) if m.group(1) != "nan"][1:]
@@ -400,6 +406,7 @@ def experiment(args, sig_name: str, train_dir: str) -> tuple[bool, list]:
         ["Restarted lines", by_kind(lines_r[disturbed]), by_kind(lines_r[calm]), "= signals sent; calm 0",
          verdict(agrees(lines_r))],
         ["restart causes (Restarted lines)", *(restart_causes(run) for run in runs), "", ""],
+        ["silent past the limit, waiting for a CPU (left alone)", *(starved_names(run) for run in runs), "", ""],
         ["Faults: line", *(by_kind(faults[run][0]) if faults[run] else "no line" for run in runs),
          "= signals sent; calm 0",
          verdict(faults[disturbed] is not None and agrees({run: faults[run] and faults[run][0] for run in runs}))],
@@ -435,7 +442,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10, help="the training budget of every run")
     ap.add_argument("--interval", type=float, default=30, help="seconds between disturbances")
     ap.add_argument("--seed", type=int, default=1, help="of both runs, and of the schedule")
-    ap.add_argument("--stall_timeout_sec", type=float, default=10, help="passed to both runs")
+    ap.add_argument("--stall_timeout_sec", type=float, default=3, help="passed to both runs: a hung process is replaced after it")
     ap.add_argument("--max_restarts_per_hour", type=int, default=10, help="passed to both runs (the default)")
     ap.add_argument("--train_dir", default=None, help="keep the experiment directories here (chaos_<signal>_disturbed, "
                     "chaos_<signal>_calm); default: a temporary directory")

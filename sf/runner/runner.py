@@ -45,7 +45,8 @@ from sf.runner import tracking
 from sf.runner.healing import Healer, audit_slots, exit_cause, process_kind
 from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams
 from sf.runner.stats import RunStats, format_duration, progress_bar
-from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, child_main, kill_adopted, read_stack, worker_context
+from sf.runner.supervision import (LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, Silence, child_main, kill_adopted, read_stack,
+                                   worker_context)
 from sf.sampling.policy_worker import PolicyWorker, run_policy_worker
 from sf.sampling.rollout_worker import RolloutWorker, run_rollout_worker
 from sf_envs.registry import env_spec, make_env, process_leftover_files
@@ -61,10 +62,10 @@ MODE_LINES = {
 # A process still starting (making and resetting its envs: a VizDoom engine took > 5 s to start on a loaded 2-core VM)
 # is stuck only after this long, even with a shorter --stall_timeout_sec
 STARTUP_STALL_SEC = 60.0
-# A silent process that spent this share of its silence waiting for a CPU (run-queue time, /proc/<pid>/schedstat) is
-# starved by other work, not stuck: it gets up to STARVED_GRACE x the timeout (seen: rollout workers silent for 10 s
-# under two training runs on 2 cores, some not even able to write their stack within 2 s)
-STARVED_SHARE, STARVED_GRACE = 0.25, 6.0
+# A silent process found runnable in this share of the looks at it is not stuck (supervision.Silence): one that ran
+# (computing without a beat: a long step, or a loop that never ends) gets up to BUSY_GRACE x the timeout; one that
+# did not run (starved by other work) is left alone, with a warning: killing it would not give it a CPU
+BUSY_SHARE, BUSY_GRACE = 0.25, 6.0
 STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are killed after it (budget: 10 s)
 
 
@@ -215,15 +216,6 @@ def probe_env(cfg):
     return obs_space, action_space, env_bytes, modules, shaping
 
 
-def run_queue_seconds(pid: int) -> float:
-    """Seconds the main thread of `pid` has spent runnable but waiting for a CPU (0.0 where unknown)."""
-    try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 def _uss(process) -> int:
     """Memory private to `process` (bytes; RSS where USS cannot be read)."""
     try:
@@ -368,7 +360,8 @@ class Runner:
         self.interrupts = 0
         self.reported: set[str] = set()  # processes whose death was already reported (one line each)
         self.causes: dict[str, str] = {}  # process -> how it failed (its exception, a stall), for its restart line
-        self.silence: dict[str, tuple] = {}  # process silent for half its stall limit -> (silence, run-queue seconds)
+        self.silence: dict[str, Silence] = {}  # processes silent for half their stall limit
+        self.starved_warned: set[str] = set()  # processes found waiting for a CPU past their limit (warned once)
         self.healer = Healer(cfg, self.state, self.queues, self.spec.frameskip)
         self.healing = cfg.max_restarts_per_hour > 0 and cfg.sync_mode == "async" and not cfg.serial_mode
         if self.healing:
@@ -532,19 +525,30 @@ class Runner:
             if idle < limit / 2:
                 self.silence.pop(name, None)
                 continue
-            if name not in self.silence:  # half-way: the run-queue time from here on tells starved from stuck
-                self.silence[name] = (idle, run_queue_seconds(p.pid))
+            silence = self.silence.get(name)
+            if silence is None:  # half-way: from here on, its state tells stuck from busy or starved
+                self.silence[name] = Silence(p.pid, idle)
                 continue
+            silence.sample()
             if idle > limit and p.is_alive():
-                since, waited = self.silence[name]
-                if idle < STARVED_GRACE * limit and \
-                        run_queue_seconds(p.pid) - waited > STARVED_SHARE * (idle - since):
-                    continue  # waiting for a CPU, not stuck
+                runnable, ran = silence.shares(idle)
+                if runnable > BUSY_SHARE and ran < BUSY_SHARE and not silence.stopped:
+                    if name not in self.starved_warned:
+                        self.starved_warned.add(name)
+                        log.warning("%s gave no sign of life for %.0f s but is waiting for a CPU, not stuck: the machine "
+                                    "is oversubscribed (other runs or jobs?); not repeated for this process. %s", name,
+                                    idle, silence.describe(idle))
+                    continue
+                busy = (runnable > BUSY_SHARE or ran > BUSY_SHARE) and not silence.stopped
+                if busy and idle < BUSY_GRACE * limit:
+                    continue  # computing without a beat: a long step, maybe
                 self._drain_reports()  # the stack file of a process that only just started
                 healing = self.healing and self.learner_ready
                 why = f"--stall_timeout_sec {timeout:g}" if limit == timeout else f"starting: {limit:g} s allowed"
-                log.error("%s gave no sign of life for %.0f s (%s): it is stuck; %s. Its stack:\n%s", name, idle, why,
-                          "killing and replacing it" if healing else "stopping the run",
+                if busy:
+                    why += f", {BUSY_GRACE:g}x for a process that computes"
+                log.error("%s gave no sign of life for %.0f s (%s): it is stuck; %s. %s. Its stack:\n%s", name, idle,
+                          why, "killing and replacing it" if healing else "stopping the run", silence.describe(idle),
                           read_stack(p.pid, self.stack_files.get(name)))
                 if healing:
                     self.causes[name] = f"gave no sign of life for {idle:.0f} s ({why})"

@@ -92,6 +92,94 @@ def read_stack(pid: int, fd: int | None, wait: float = 2.0) -> str:
         return f"(no stack: {e})"
 
 
+def sched_seconds(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of the main thread of `pid` so far, from
+    /proc/<pid>/schedstat; (0.0, 0.0) where unknown. The kernel adds a wait to the second figure only when the wait
+    ends: a thread still waiting for a CPU shows none of its current wait (hence Silence's samples of the state)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            ran, waited = f.read().split()[:2]
+        return int(ran) / 1e9, int(waited) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
+def thread_state(pid: int) -> str:
+    """The scheduler state letter of the main thread of `pid` (R runnable, S sleeping, D disk, T stopped, ...); "" if
+    it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+_STATES = {"R": "runnable", "S": "sleeping", "D": "in uninterruptible sleep (disk or kernel wait)", "T": "stopped",
+           "t": "stopped by a debugger", "Z": "a zombie"}
+
+
+def kernel_state(pid: int) -> str:
+    """What the kernel says of the main thread of `pid`: its state and the kernel function it waits in, e.g.
+    "is sleeping (S) in futex_do_wait" (the top of its kernel stack too where readable, as root): why a silent
+    process is silent when its Python stack cannot be had."""
+    state = thread_state(pid)
+    if not state:
+        return "is gone"
+    text = f"is {_STATES.get(state, 'in state')} ({state})"
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip()
+        if wchan and wchan != "0":
+            text += f" in {wchan}"
+        with open(f"/proc/{pid}/stack") as f:
+            frames = [line.split()[-1].split("+")[0] for line in f.read().splitlines()[:4]]
+        if frames:
+            text += f" (kernel stack {' < '.join(frames)})"
+    except OSError:  # not root, or gone meanwhile
+        pass
+    return text
+
+
+class Silence:
+    """A silent process watched from half its stall limit on: stuck, busy, or starved?
+
+    The process is looked at with its children (a rollout worker waits for its env engines): stuck (stopped, deadlocked,
+    waiting on an engine that hangs) = its main thread is stopped, or it and its children sleep; busy (a long
+    computation between two beats, or a loop that never ends) = runnable and running; starved = runnable but not run,
+    because other work holds the CPUs: seen for 3-17 s with pinned, niced rollout workers and their engines of a run in
+    its own session beside another run on 2 cores (the kernel shares CPUs between sessions first). A thread still
+    waiting for a CPU shows none of that wait in its run-queue time yet, hence the samples of the states."""
+
+    def __init__(self, pid: int, idle: float):
+        self.pid, self.since = pid, idle
+        try:
+            self.tree = [pid, *(c.pid for c in psutil.Process(pid).children())]
+        except psutil.Error:
+            self.tree = [pid]
+        self.ran = self._ran()
+        self.samples = self.runnable = 0
+        self.stopped = False  # its main thread at the last look
+
+    def _ran(self) -> float:
+        return sum(sched_seconds(p)[0] for p in self.tree)
+
+    def sample(self) -> None:
+        self.samples += 1
+        self.stopped = thread_state(self.pid) in ("T", "t")
+        self.runnable += any(thread_state(p) == "R" for p in self.tree)
+
+    def shares(self, idle: float) -> tuple[float, float]:
+        """(share of the looks that found it or a child runnable, CPU seconds it and its children ran per second of
+        the silence so far)."""
+        return self.runnable / max(self.samples, 1), (self._ran() - self.ran) / max(idle - self.since, 1e-6)
+
+    def describe(self, idle: float) -> str:
+        runnable, ran = self.shares(idle)
+        children = f" or one of its {len(self.tree) - 1} children" if len(self.tree) > 1 else ""
+        return (f"Its main thread {kernel_state(self.pid)}; over the last {idle - self.since:.0f} s it{children} was "
+                f"runnable in {runnable:.0%} of the looks, and they ran {ran:.0%} of a CPU")
+
+
 def _release_fork_server() -> None:
     """Close this child's copy of the fork server's liveness pipe. multiprocessing hands every child it forks the pipe's
     write end (so that the child could start processes through the same server); the fork server exits only when every
