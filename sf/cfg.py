@@ -295,9 +295,10 @@ PARAMS: list[Param] = [
     P("max_env_restarts", int, 10, "An env that raises in a rollout worker is logged with its traceback and replaced by a "
       "fresh one (its episode ends there); after this many replacements in one worker the run stops with a checkpoint "
       "(0: the first error stops it)", scope="train", min_value=0, max_value=10**9),
-    P("stall_timeout_sec", float, 120.0, "A process that gives no sign of life for this long (alive but stuck, e.g. in an "
-      "env engine that hangs) is reported with its Python stack, killed and replaced (without self-healing the run "
-      "stops with a checkpoint) (0: never)", scope="train", min_value=0.0, max_value=604800.0),
+    P("stall_timeout_sec", float, 120.0, "A process that gives no sign of life for this long while it and its env "
+      "engines sleep or are stopped (stuck, e.g. on an engine that hangs) is reported with its Python stack, killed and "
+      "replaced (without self-healing the run stops with a checkpoint); one that computes gets 6x as long, one that "
+      "waits for a CPU is left alone with a warning (0: never)", scope="train", min_value=0.0, max_value=604800.0),
     P("max_restarts_per_hour", int, 10, "Self-healing: a rollout worker, policy worker or learner that dies (a signal, "
       "an exception, a stall) is replaced in place and the run goes on; more deaths than this of one process kind "
       "within an hour end the run with a checkpoint (a crash loop). 0: any death stops the run. --sync_mode hts/ppo "

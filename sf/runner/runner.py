@@ -521,8 +521,7 @@ class Runner:
         self.last_watch = now
         for name, p in self.procs.items():
             idle = self.state.seconds_since_beat(name)
-            limit = timeout if self.state.has_started(name) else max(timeout, STARTUP_STALL_SEC)
-            if idle < limit / 2:
+            if idle < timeout / 2:
                 self.silence.pop(name, None)
                 continue
             silence = self.silence.get(name)
@@ -530,6 +529,8 @@ class Runner:
                 self.silence[name] = Silence(p.pid, idle)
                 continue
             silence.sample()
+            # a process still starting gets longer, unless it is stopped: no start-up is that slow
+            limit = timeout if self.state.has_started(name) or silence.stopped else max(timeout, STARTUP_STALL_SEC)
             if idle > limit and p.is_alive():
                 runnable, ran = silence.shares(idle)
                 if runnable > BUSY_SHARE and ran < BUSY_SHARE and not silence.stopped:
