@@ -92,16 +92,13 @@ def read_stack(pid: int, fd: int | None, wait: float = 2.0) -> str:
         return f"(no stack: {e})"
 
 
-def sched_seconds(pid: int) -> tuple[float, float]:
-    """(seconds on a CPU, seconds runnable but waiting for one) of the main thread of `pid` so far, from
-    /proc/<pid>/schedstat; (0.0, 0.0) where unknown. The kernel adds a wait to the second figure only when the wait
-    ends: a thread still waiting for a CPU shows none of its current wait (hence Silence's samples of the state)."""
+def cpu_seconds(pid: int) -> float:
+    """Seconds the main thread of `pid` has run on a CPU so far (/proc/<pid>/schedstat; 0.0 where unknown)."""
     try:
         with open(f"/proc/{pid}/schedstat") as f:
-            ran, waited = f.read().split()[:2]
-        return int(ran) / 1e9, int(waited) / 1e9
-    except (OSError, ValueError):
-        return 0.0, 0.0
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def thread_state(pid: int) -> str:
@@ -148,7 +145,8 @@ class Silence:
     computation between two beats, or a loop that never ends) = runnable and running; starved = runnable but not run,
     because other work holds the CPUs: seen for 3-17 s with pinned, niced rollout workers and their engines of a run in
     its own session beside another run on 2 cores (the kernel shares CPUs between sessions first). A thread still
-    waiting for a CPU shows none of that wait in its run-queue time yet, hence the samples of the states."""
+    waiting for a CPU shows none of that wait in its run-queue time (/proc/<pid>/schedstat) yet: the kernel adds a wait
+    when it ends. Hence the samples of the states."""
 
     def __init__(self, pid: int, idle: float):
         self.pid, self.since = pid, idle
@@ -161,7 +159,7 @@ class Silence:
         self.stopped = False  # its main thread at the last look
 
     def _ran(self) -> float:
-        return sum(sched_seconds(p)[0] for p in self.tree)
+        return sum(cpu_seconds(p) for p in self.tree)
 
     def sample(self) -> None:
         self.samples += 1
