@@ -2,8 +2,9 @@
 """Populations (issue 16): what several policies and networked multiplayer games cost, measured in one invocation.
 
 1. Population overhead: the same rollout workers and envs with 1 policy and N policies (a learner and a policy worker
-   each, agents mapped to policies at random, the paper's setup): total env frames/s of the whole run, N vs 1; for the
-   sampler alone with random actions (what routing costs), with the policy forward, and for full training.
+   each, agents mapped to policies at random: per env as in the paper, and per group of envs stepped together,
+   --mappings): total env frames/s of the whole run, N vs 1; for the sampler alone with random actions (what routing
+   costs), with the policy forward, and for full training.
    The paper's Table A.3 shows ~4% loss from 4 to 12 agents (4 GPUs); here everything shares 2 CPU cores.
 2. Multiplayer cost (--multiplayer): doom_duel (2 learning agents per match over VizDoom's network mode on localhost,
    frameskip 2) against single-player doom_battle (frameskip 4), sampler only with random actions and full training:
@@ -14,6 +15,7 @@ Every configuration runs --rounds times, alternating, and each ratio is taken wi
 and noisy): medians are reported.
 
     python benchmarks/populations.py --env doom_battle --policies 1 4 --duration 120 --rounds 2 --pop_modes random train
+    python benchmarks/populations.py --policies 1 4 --duration 100 --rounds 2 --pop_modes train --mappings random groups
     python benchmarks/populations.py --multiplayer --duration 60 --rounds 2 --skip_population
 """
 from __future__ import annotations
@@ -46,25 +48,30 @@ POP_MODES = {"random": ("sampler only, random actions", ["--sampler_only", "True
 
 
 def population_overhead(args, tmp: str) -> None:
+    """Every population size above the first once per --mappings (the baseline's mapping does not matter)."""
     base = ["--env", args.env, "--num_workers", str(args.num_workers), *PAPER_DOOM, *args.extra]
+    ref = args.policies[0]
+    confs = [(n, m) for n in args.policies for m in ([args.mappings[0]] if n == ref else args.mappings)]
     fps: dict[tuple, list[float]] = {}
     for rnd in range(args.rounds):
         for mode in args.pop_modes:
-            for n in args.policies:
-                res = run([*base, *POP_MODES[mode][1], "--num_policies", str(n), "--experiment", f"pop{n}"], tmp,
-                          args.duration, f"round {rnd + 1}, {POP_MODES[mode][0]}, {n} {'policy' if n == 1 else 'policies'}")
-                fps.setdefault((mode, n), []).append(res["fps_median"])
-    ref = args.policies[0]
+            for n, mapping in confs:
+                res = run([*base, *POP_MODES[mode][1], "--num_policies", str(n), "--policy_mapping", mapping,
+                           "--experiment", f"pop{n}_{mapping}"], tmp, args.duration,
+                          f"round {rnd + 1}, {POP_MODES[mode][0]}, {n} {'policy' if n == 1 else 'policies'}, "
+                          f"mapping {mapping}")
+                fps.setdefault((mode, n, mapping), []).append(res["fps_median"])
     rows = []
     for mode in args.pop_modes:
-        for n in args.policies:
-            ratios = [f / r for f, r in zip(fps[(mode, n)], fps[(mode, ref)])]
-            rows.append([POP_MODES[mode][0], n, f"{statistics.median(fps[(mode, n)]):.0f}",
-                         f"{statistics.median(ratios):.2f}", " ".join(f"{x:.2f}" for x in ratios)])
+        for n, mapping in confs:
+            ratios = [f / r for f, r in zip(fps[(mode, n, mapping)], fps[(mode, ref, args.mappings[0])])]
+            rows.append([POP_MODES[mode][0], n, mapping if n != ref else "-",
+                         f"{statistics.median(fps[(mode, n, mapping)]):.0f}", f"{statistics.median(ratios):.2f}",
+                         " ".join(f"{x:.2f}" for x in ratios)])
     print(f"\n## Population overhead: {args.env}, {args.num_workers} rollout workers x the preset's envs, the paper's "
-          f"model and batch (configs/doom.json), one learner and one policy worker per policy, agents mapped at random\n")
-    print(table(rows, ["mode", "policies", "env frames/s, all policies (median)", f"ratio to {ref} (median)",
-                       "ratio per round"]))
+          f"model and batch (configs/doom.json), one learner and one policy worker per policy\n")
+    print(table(rows, ["mode", "policies", "--policy_mapping", "env frames/s, all policies (median)",
+                       f"ratio to {ref} (median)", "ratio per round"]))
 
 
 def multiplayer_cost(args, tmp: str) -> None:
@@ -101,6 +108,8 @@ def main() -> None:
     ap.add_argument("--num_workers", type=int, default=2)
     ap.add_argument("--duration", type=int, default=120, help="seconds per run")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--mappings", nargs="+", default=["random", "groups"], choices=["random", "groups", "fixed"],
+                    help="--policy_mapping of the populations (random: the paper's draw per env; groups: per group)")
     ap.add_argument("--pop_modes", nargs="+", default=["random", "policy", "train"], choices=list(POP_MODES))
     ap.add_argument("--multiplayer", action="store_true", help="also measure doom_duel against doom_battle")
     ap.add_argument("--mp_envs_per_worker", type=int, default=4, help="envs per rollout worker of the multiplayer runs")

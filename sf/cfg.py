@@ -259,10 +259,12 @@ PARAMS: list[Param] = [
     P("num_policies", int, 1, "Policies trained together (a population): each has its own learner, policy workers, "
       "weights and checkpoint_p{i}; agents are mapped to policies by --policy_mapping", min_value=1, max_value=64),
     P("policy_mapping", str, "random", "random: each env draws a policy per agent, again every "
-      "--policy_resample_episodes episodes (the paper); fixed: agent a of env e is always played by policy "
-      "(e * agents_per_env + a) %% num_policies", choices=("random", "fixed"), scope="train"),
-    P("policy_resample_episodes", int, 10, "--policy_mapping random: episodes of an env between two draws of its "
-      "agents' policies (a change takes effect at each agent's next episode start)", scope="train", min_value=1,
+      "--policy_resample_episodes episodes (the paper); groups: the same draw made per group of envs a rollout worker "
+      "steps together, from one random permutation of the population for all groups (equal shares, whole inference "
+      "batches per policy: on a CPU ~1.5x the frames/s of random with 4 policies); fixed: agent a of env e is always "
+      "played by policy (e * agents_per_env + a) %% num_policies", choices=("random", "groups", "fixed"), scope="train"),
+    P("policy_resample_episodes", int, 10, "--policy_mapping random/groups: episodes of an env between two draws of "
+      "its agents' policies (a change takes effect at each agent's next episode start)", scope="train", min_value=1,
       max_value=10**9),
     P("pbt_mix_policies_in_one_env", str2bool, True, "Agents of one env may be played by different policies (False: "
       "every agent of an env by the same policy)", scope="train", nargs="?"),

@@ -7,6 +7,7 @@
     ACTION_NOISE    each env (global env index)     action sampling in hts/ppo modes: one noise vector per
                                                     observation, drawn by the env's rollout worker
     POLICY_MAPPING  each rollout worker (index)     which policy plays which agent (--policy_mapping random)
+                    the run (no index)              the permutations of --policy_mapping groups, shared by all
     PBT             the runner                      population-based training's mutations and choices of source
     Envs keep their own seeds (sf_envs.utils.derive_seed of the seed and the global env index).
 

@@ -379,7 +379,7 @@ class Runner:
                      if self.population else "independent", self.num_agents,
                      cfg.num_workers * cfg.num_envs_per_worker * self.num_agents, cfg.policy_mapping,
                      f" (new draw every {cfg.policy_resample_episodes} episodes of an env)"
-                     if cfg.policy_mapping == "random" and P > 1 else "")
+                     if cfg.policy_mapping != "fixed" and P > 1 else "")
         mode = MODE_LINES[cfg.sync_mode].format(batch=self.trajs_per_batch * cfg.rollout,
                                                 steps=sync_minibatches(cfg) * cfg.num_epochs)
         log.info("Mode: %s", mode)

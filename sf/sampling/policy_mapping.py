@@ -7,6 +7,17 @@ requests and finished trajectories by the answer. Modes (--policy_mapping):
   again every --policy_resample_episodes episodes of that env (counted in agent episode starts / num_agents, as Sample
   Factory 1.x's PolicyManager does). With --pbt_mix_policies_in_one_env False every agent of one env gets the same
   policy (no self-play between different policies inside one match).
+- groups: the paper's random draw made per inference group instead of per env. A rollout worker steps its envs in
+  --worker_num_splits groups, and each group's envs ask for their actions in one request; with a draw per env, a group
+  of 8 envs and 4 policies gives each policy's worker about 2 rows per forward, and on a CPU a forward costs nearly as
+  much for 2 rows as for 8 (the weights are read once per call). Here every group takes its place in a random
+  permutation of the population: agent a of global group k plays perm_r[(k * num_agents + a) % num_policies] (perm_r[k %
+  num_policies] for every agent without mixing), where r counts the group's draws (one every
+  --policy_resample_episodes episodes of its envs) and perm_r, drawn from the run's seed, is the same for every group
+  and worker. So each agent's episode is still played by a uniformly random policy, the agents of one env by distinct
+  policies, the groups at one draw share the policies equally (when the positions are a multiple of the population), and
+  each policy worker gets whole groups to serve. What it gives up: the envs of one group play the same matchup for a
+  period (the paper draws per env).
 - fixed: agent a of global env g is controlled by policy (g * num_agents + a) % num_policies, forever: every policy
   gets the same share of the agents, deterministically (evaluation, throughput benchmarks, seeded runs).
 
@@ -19,18 +30,26 @@ from __future__ import annotations
 import numpy as np
 
 
+MODES = ("random", "groups", "fixed")
+
+
 class PolicyMapping:
     def __init__(self, num_policies: int, num_agents: int, mode: str = "random", resample_episodes: int = 10,
-                 mix_in_one_env: bool = True, first_global_env: int = 0, seed: int | None = None):
-        """first_global_env: global index of this worker's env 0 (fixed mode); seed: of the random draws."""
-        if mode not in ("random", "fixed"):
-            raise ValueError(f"policy mapping mode must be 'random' or 'fixed' (got {mode!r})")
+                 mix_in_one_env: bool = True, first_global_env: int = 0, seed: int | None = None,
+                 envs_per_group: int = 1, shared_seed: int = 0):
+        """first_global_env: global index of this worker's env 0 (fixed, groups); seed: of this worker's random draws
+        (random); envs_per_group: envs of one inference group (groups); shared_seed: the run's, the same in every
+        worker, of the permutations (groups)."""
+        if mode not in MODES:
+            raise ValueError(f"policy mapping mode must be one of {', '.join(map(repr, MODES))} (got {mode!r})")
         self.num_policies, self.num_agents, self.mode = num_policies, num_agents, mode
         self.resample_episodes, self.mix = max(1, int(resample_episodes)), mix_in_one_env
         self.first_global_env = first_global_env
         self.rng = np.random.default_rng(seed)
         self.env_policies: dict[int, list[int]] = {}
-        self.episode_starts: dict[int, int] = {}
+        self.episode_starts: dict[int, int] = {}  # per env (random) or per group (groups)
+        self.envs_per_group, self.shared_seed = max(1, int(envs_per_group)), shared_seed
+        self.perm: tuple = (-1, None)  # groups: (draw r, the population's permutation for it)
 
     def policy_for(self, env: int, agent: int) -> int:
         """The policy that plays agent `agent` of env `env` (this worker's index) in the episode starting now."""
@@ -38,6 +57,8 @@ class PolicyMapping:
             return 0
         if self.mode == "fixed":
             return ((self.first_global_env + env) * self.num_agents + agent) % self.num_policies
+        if self.mode == "groups":
+            return self._group_policy(env, agent)
         starts = self.episode_starts.get(env, 0)
         if starts % (self.num_agents * self.resample_episodes) == 0:
             if self.mix:
@@ -45,4 +66,16 @@ class PolicyMapping:
             else:
                 self.env_policies[env] = [int(self.rng.integers(self.num_policies))] * self.num_agents
         self.episode_starts[env] = starts + 1
+        return int(self.env_policies[env][agent])
+
+    def _group_policy(self, env: int, agent: int) -> int:
+        group = (self.first_global_env + env) // self.envs_per_group  # global index of env's group
+        if agent == 0 or env not in self.env_policies:  # an episode of env: its group's current draw r
+            starts = self.episode_starts.get(group, 0)  # (counted in env episodes: all agents of an env share a draw)
+            self.episode_starts[group] = starts + 1
+            r = starts // (self.envs_per_group * self.resample_episodes)
+            if self.perm[0] != r:  # (groups drift apart by a draw or so: one cached, any other drawn again, same bits)
+                self.perm = (r, np.random.default_rng([self.shared_seed, r]).permutation(self.num_policies))
+            positions = group * self.num_agents + np.arange(self.num_agents) if self.mix else np.full(self.num_agents, group)
+            self.env_policies[env] = self.perm[1][positions % self.num_policies].tolist()
         return int(self.env_policies[env][agent])

@@ -110,7 +110,8 @@ class RolloutWorker:
         self.mapping = PolicyMapping(self.num_policies, self.A, getattr(cfg, "policy_mapping", "random"),
                                      getattr(cfg, "policy_resample_episodes", 10),
                                      getattr(cfg, "pbt_mix_policies_in_one_env", True), worker_idx * self.num_envs,
-                                     stream_seed(run_seed(cfg), POLICY_MAPPING, worker_idx))
+                                     stream_seed(run_seed(cfg), POLICY_MAPPING, worker_idx),
+                                     self.num_envs // cfg.worker_num_splits, stream_seed(run_seed(cfg), POLICY_MAPPING))
         self.policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy playing each agent's current episode
         self.slot_policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy whose learner gets its current slot
         self.shaping_keys = tuple(getattr(shared_state, "shaping_keys", ()))

@@ -1,5 +1,6 @@
 """Which policy plays which agent (sf/sampling/policy_mapping.py): the paper's random mapping and its statistics, the
-resampling period, --pbt_mix_policies_in_one_env False, the fixed mapping."""
+resampling period, --pbt_mix_policies_in_one_env False, the groups mapping (draws per inference group), the fixed
+mapping."""
 import numpy as np
 import pytest
 
@@ -51,5 +52,60 @@ def test_fixed_mapping_round_robin_over_global_agents():
 
 
 def test_unknown_mode_is_refused():
-    with pytest.raises(ValueError, match="random' or 'fixed"):
+    with pytest.raises(ValueError, match="'random', 'groups', 'fixed'"):
         PolicyMapping(2, 1, mode="roundrobin")
+
+
+def _workers(n, agents, workers, envs, envs_per_group, resample=10, mix=True, seed=5):
+    """One PolicyMapping per rollout worker, as the rollout workers build them (the run's shared seed for all)."""
+    return [PolicyMapping(n, agents, "groups", resample, mix, first_global_env=w * envs, seed=100 + w,
+                          envs_per_group=envs_per_group, shared_seed=seed) for w in range(workers)]
+
+
+def _episode(maps, envs, agents):
+    """Every env of every worker starts one episode: policies [worker, env, agent]."""
+    return np.array([[[m.policy_for(e, a) for a in range(agents)] for e in range(envs)] for m in maps])
+
+
+def test_groups_mapping_gives_each_group_one_draw_and_the_groups_a_permutation():
+    """4 policies, 2 workers x 2 groups of 4 single-agent envs: within a draw every env of a group plays the group's
+    policy (one policy per inference request), and the 4 groups of the run play the 4 policies, one each."""
+    maps = _workers(4, 1, workers=2, envs=8, envs_per_group=4)
+    for _ in range(10):  # one draw lasts 10 episodes of each env
+        policies = _episode(maps, 8, 1).reshape(4, 4)  # [global group, env of the group]
+        assert (policies == policies[:, :1]).all()
+        assert sorted(policies[:, 0]) == [0, 1, 2, 3]
+
+
+def test_groups_mapping_changes_only_every_resample_period_and_is_uniform():
+    """The draw changes after --policy_resample_episodes episodes of the group's envs, never inside; over many draws
+    every policy plays each group within 5 standard deviations of 1/N (seeded: cannot flake)."""
+    n, draws = 4, 4000
+    maps = _workers(n, 1, workers=1, envs=2, envs_per_group=2, resample=3)
+    firsts = []
+    for _ in range(draws):
+        period = {tuple(_episode(maps, 2, 1).ravel()) for _ in range(3)}
+        assert len(period) == 1
+        firsts.append(period.pop()[0])
+    counts = np.bincount(firsts, minlength=n)
+    p = 1 / n
+    assert (abs(counts / draws - p) < 5 * np.sqrt(p * (1 - p) / draws)).all(), counts
+    assert len({tuple(firsts[i:i + 4]) for i in range(0, 400, 4)}) > 50  # and the draws vary
+
+
+def test_groups_mapping_in_multi_agent_envs():
+    """2 agents per env, 4 policies: the two agents of an env are played by distinct policies (self-play between
+    policies), every env of a group has the same matchup, and over the draws every pair of policies meets; without
+    mixing, every agent of a group plays the group's one policy."""
+    maps = _workers(4, 2, workers=1, envs=4, envs_per_group=2, resample=1)
+    pairs = set()
+    for _ in range(200):
+        policies = _episode(maps, 4, 2)[0]  # [env, agent]
+        assert (policies[:, 0] != policies[:, 1]).all()
+        assert (policies[0] == policies[1]).all() and (policies[2] == policies[3]).all()
+        pairs |= {frozenset(p) for p in policies.tolist()}
+    assert len(pairs) == 6  # all 4 choose 2 matchups
+    unmixed = _workers(4, 2, workers=1, envs=4, envs_per_group=2, resample=1, mix=False)
+    for _ in range(20):
+        policies = _episode(unmixed, 4, 2)[0]
+        assert (policies[:2] == policies[0, 0]).all() and (policies[2:] == policies[2, 0]).all()

@@ -91,12 +91,13 @@ def check_slot(b, slot: int, owner: int) -> int:
     return len(foreign)
 
 
+@pytest.mark.parametrize("mapping", ["random", "groups"])
 @pytest.mark.parametrize("env", ["test_corridor", "test_race"])
-def test_each_learner_receives_its_policys_trajectories(tmp_path, env):
-    """Policies drawn afresh at every episode (--policy_resample_episodes 1): every trajectory goes to the learner of the
-    policy that started it, its steps are marked with the policy that acted, and a change of policy inside it follows an
-    episode end. Both policies get trajectories; every agent is covered."""
-    pop = Population(tmp_path, env, 2, 4, 8, "--policy_resample_episodes", "1")
+def test_each_learner_receives_its_policys_trajectories(tmp_path, env, mapping):
+    """Policies drawn afresh at every episode (--policy_resample_episodes 1), per env or per group: every trajectory goes
+    to the learner of the policy that started it, its steps are marked with the policy that acted, and a change of
+    policy inside it follows an episode end. Both policies get trajectories; every agent is covered."""
+    pop = Population(tmp_path, env, 2, 4, 8, "--policy_resample_episodes", "1", "--policy_mapping", mapping)
     b = pop.buffers
     received = {0: 0, 1: 0}
     foreign = 0
