@@ -261,7 +261,7 @@ PARAMS: list[Param] = [
     P("policy_mapping", str, "random", "random: each env draws a policy per agent, again every "
       "--policy_resample_episodes episodes (the paper); groups: the same draw made per group of envs a rollout worker "
       "steps together, from one random permutation of the population for all groups (equal shares, whole inference "
-      "batches per policy: on a CPU ~1.5x the frames/s of random with 4 policies); fixed: agent a of env e is always "
+      "batches per policy: on a CPU 1.4x the frames/s of random with 4 policies); fixed: agent a of env e is always "
       "played by policy (e * agents_per_env + a) %% num_policies", choices=("random", "groups", "fixed"), scope="train"),
     P("policy_resample_episodes", int, 10, "--policy_mapping random/groups: episodes of an env between two draws of "
       "its agents' policies (a change takes effect at each agent's next episode start)", scope="train", min_value=1,

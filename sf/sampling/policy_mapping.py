@@ -76,6 +76,7 @@ class PolicyMapping:
             r = starts // (self.envs_per_group * self.resample_episodes)
             if self.perm[0] != r:  # (groups drift apart by a draw or so: one cached, any other drawn again, same bits)
                 self.perm = (r, np.random.default_rng([self.shared_seed, r]).permutation(self.num_policies))
-            positions = group * self.num_agents + np.arange(self.num_agents) if self.mix else np.full(self.num_agents, group)
+            agents = np.arange(self.num_agents)
+            positions = group * self.num_agents + agents if self.mix else np.full_like(agents, group)
             self.env_policies[env] = self.perm[1][positions % self.num_policies].tolist()
         return int(self.env_policies[env][agent])
