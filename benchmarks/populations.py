@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import header, table  # noqa: E402
 from system_throughput import PAPER_DOOM, run_train_rss  # noqa: E402
+from sf.sampling.policy_mapping import MODES as MAPPINGS  # noqa: E402
 
 
 def run(flags: list[str], tmp: str, duration: int, what: str) -> dict:
@@ -108,7 +109,7 @@ def main() -> None:
     ap.add_argument("--num_workers", type=int, default=2)
     ap.add_argument("--duration", type=int, default=120, help="seconds per run")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--mappings", nargs="+", default=["random", "groups"], choices=["random", "groups", "fixed"],
+    ap.add_argument("--mappings", nargs="+", default=["random", "groups"], choices=MAPPINGS,
                     help="--policy_mapping of the populations (random: the paper's draw per env; groups: per group)")
     ap.add_argument("--pop_modes", nargs="+", default=["random", "policy", "train"], choices=list(POP_MODES))
     ap.add_argument("--multiplayer", action="store_true", help="also measure doom_duel against doom_battle")

@@ -9,8 +9,8 @@ requests and finished trajectories by the answer. Modes (--policy_mapping):
   policy (no self-play between different policies inside one match).
 - groups: the paper's random draw made per inference group instead of per env. A rollout worker steps its envs in
   --worker_num_splits groups, and each group's envs ask for their actions in one request; with a draw per env, a group
-  of 8 envs and 4 policies gives each policy's worker about 2 rows per forward, and on a CPU a forward costs nearly as
-  much for 2 rows as for 8 (the weights are read once per call). Here every group takes its place in a random
+  of 8 envs and 4 policies gives each policy's worker about 2 rows per forward, and on a CPU a forward costs twice as
+  much per row at 2 rows as at 8 (the weights are read once per call). Here every group takes its place in a random
   permutation of the population: agent a of global group k plays perm_r[(k * num_agents + a) % num_policies] (perm_r[k %
   num_policies] for every agent without mixing), where r counts the group's draws (one every
   --policy_resample_episodes episodes of its envs) and perm_r, drawn from the run's seed, is the same for every group
