@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # override it: make train TRAIN_ARGS="--env doom_basic --experiment quickstart --train_for_seconds 300"
 TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_env_steps 400000
 
-.PHONY: setup train test test-slow bench clean
+.PHONY: setup train test test-slow test-gpu bench clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
+
+# the CUDA paths (data-parallel NCCL learners, hts bit-identity, shared weights, a short training run): skipped, with
+# the reason, where torch sees no GPU
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 clean:
 	rm -rf build *.egg-info sf/ipc/_cqueue*.so

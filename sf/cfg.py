@@ -248,13 +248,14 @@ PARAMS: list[Param] = [
       choices=("auto", "cpu", "cuda")),
     P("serial_mode", str2bool, False, "Run every component in one process (for debugging)", scope="train"),
     # --- sampling ---
-    P("num_workers", int, min(os.cpu_count() or 1, 4096), "Number of rollout worker processes", scope="train",
-      min_value=1, max_value=4096),
+    P("num_workers", int, min(os.cpu_count() or 1, 200), "Number of rollout worker processes (at most 200: each "
+      "policy worker is sent every rollout worker's reply queue, one file descriptor apiece, and a new process can be "
+      "sent at most 251)", scope="train", min_value=1, max_value=200),
     P("num_envs_per_worker", int, 2, "Envs per rollout worker", scope="train", min_value=1, max_value=4096),
     P("worker_num_splits", int, 2, "Groups the envs of a worker are split into (2 = double-buffered sampling)", scope="train",
       min_value=1, max_value=4096),
     P("policy_workers_per_policy", int, 1, "Policy worker processes (batched inference) of each policy", scope="train",
-      min_value=1, max_value=256),
+      min_value=1, max_value=16),
     # --- populations (Sample Factory paper, section 3.5 and appendix A.3.1) ---
     P("num_policies", int, 1, "Policies trained together (a population): each has its own learner, policy workers, "
       "weights and checkpoint_p{i}; agents are mapped to policies by --policy_mapping", min_value=1, max_value=64),
@@ -1020,6 +1021,7 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
     cfg = argparse.Namespace(**values)
     verify(cfg, mode)
     cfg._notes = notes  # for the log; not a parameter, not saved
+    cfg._explicit = frozenset(explicit)  # the parameters given on the command line (a resumed PBT run: over its state)
     return cfg
 
 
@@ -1118,7 +1120,12 @@ def resolve_device(cfg) -> str:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and os.environ.get("WORLD_SIZE", "1") != "1":  # torchrun: this rank's GPU of the machine
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        import torch
+        local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local_rank >= gpus:  # NCCL needs a GPU of its own per rank (it refuses two ranks on one device)
+            raise ConfigError(f"--device cuda: local rank {local_rank} needs GPU {local_rank}, this machine has {gpus}: "
+                              f"start at most {gpus} ranks per machine (torchrun --nproc-per-node {max(gpus, 1)})")
+        device = f"cuda:{local_rank}"
     return device
 
 

@@ -1,42 +1,52 @@
-"""Data-parallel learners on torch.distributed (issue 19): the rank's place in the world, the learners' process
-group, and the gradient all-reduce that keeps every rank's weights identical.
+"""Data-parallel learners on torch.distributed: the rank's place in the world, the learners' process group, and the
+collectives that keep every rank's weights identical.
 
 Launched with torchrun, every rank runs a whole single-machine stack (samplers, policy workers, one learner per
 policy); only the learners talk across ranks. After `loss.backward()` of every SGD step, `GradientAllReduce`
 replaces each rank's gradients by their average over the ranks, so gradient clipping and the optimizer step see
 the same numbers everywhere and, starting from the same weights and optimizer state, every rank applies the same
-update: no weight broadcast is ever needed.
+update: no weight broadcast is ever needed after the start.
 
     world = world_from_env()                          # RANK, WORLD_SIZE, ... as torchrun sets them
     init_learner_group(world, device, timeout_sec=60)  # gloo on CPU, nccl on CUDA; no-op with one rank
     appo = APPO(model, cfg, device, grad_hook=GradientAllReduce(model.parameters()))
+    share_normalizer_statistics(model)                # every rank normalizes with the union batch's statistics
 
 The average of per-rank gradients equals the gradient over the union of the ranks' minibatches when the loss is
 a mean over the same number of (valid) samples on every rank. Where it is not, the ranks still stay identical but
 the step is not exactly the union batch's: policy-lag masking can make the valid counts differ (each rank's
 samples then weigh 1 / (world size x its own valid count)), and advantage normalization uses each rank's own
-minibatch statistics. What gradients do not cover, and the caller must keep equal across ranks: the input and
-returns normalizers' statistics (buffers updated from each rank's own batch: the ranks' state_dicts drift apart)
-and the number of SGD steps (a rank that skips one, e.g. every sample too old, leaves the others waiting in the
-all-reduce until the timeout).
+minibatch statistics. The input and returns normalizers (buffers, which gradients do not cover) merge every rank's
+batch moments at each update (`share_normalizer_statistics`): every rank holds the union batch's statistics, bit for
+bit alike, from the first forward of a batch on and whether or not any SGD step follows. The caller must keep the
+number of SGD steps equal: a rank that skipped one would leave the others waiting in the all-reduce until the timeout
+(APPO goes through every step in data-parallel runs; none of the ranks steps if no rank had a gradient).
+
+Devices: NCCL collectives take CUDA tensors only, gloo's every collective takes CPU tensors (it takes CUDA ones for a
+few ops only). Every collective here goes through `collective_device` (nccl: this rank's GPU, which
+init_learner_group makes the current device; any other backend: the CPU) and copies its tensors there and back, so a
+model on a GPU also works with gloo (through host memory). NCCL refuses two ranks on one GPU ("Duplicate GPU
+detected"): on CUDA each local rank needs a GPU of its own (cuda:LOCAL_RANK).
 
 A rank that dies closes its sockets: gloo raises on the other ranks at once (connection closed or reset by
 peer); a rank that is alive but stuck makes the others raise after the group's timeout (measured:
-tests/learning/test_distributed.py). NCCL is not tested here (no GPUs): its watchdog aborts a collective past the timeout
-with TORCH_NCCL_ASYNC_ERROR_HANDLING (on by default in recent torch).
+tests/learning/test_distributed.py). NCCL's watchdog aborts a collective past the timeout with
+TORCH_NCCL_ASYNC_ERROR_HANDLING (on by default in recent torch).
 """
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from sf.learning.checkpoint import weights_sha256
+from sf.model.normalization import RunningMeanStd
 
 # torchrun's variables: https://pytorch.org/docs/stable/elastic/run.html#environment-variables
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -110,7 +120,9 @@ def init_learner_group(world: World, device, timeout_sec: float = 60.0) -> None:
     """Join the learners of all ranks into torch.distributed's default process group: nccl when `device` is CUDA,
     gloo otherwise; rendezvous env:// at world.master_addr:world.master_port (torchrun's MASTER_ADDR/MASTER_PORT,
     written back to os.environ, where env:// reads them). `timeout_sec` bounds the rendezvous and, with gloo, every
-    later collective (a stuck peer raises instead of hanging). With one rank: nothing (no group is needed).
+    later collective (a stuck peer raises instead of hanging). With nccl, `device` (default cuda:LOCAL_RANK) becomes
+    this process's current CUDA device: collective_device("nccl") is that GPU. With one rank: nothing (no group is
+    needed).
 
     Raises RuntimeError with a one-line message naming MASTER_ADDR:MASTER_PORT if the group cannot be formed
     (master unreachable, a rank missing) within about the timeout (a client retries once: up to ~2x)."""
@@ -124,7 +136,9 @@ def init_learner_group(world: World, device, timeout_sec: float = 60.0) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {}
     if backend == "nccl":  # bind the communicator to this rank's GPU at once (else: lazily, on a guessed device)
-        kwargs["device_id"] = torch.device("cuda", device.index if device.index is not None else world.local_rank)
+        gpu = torch.device("cuda", device.index if device.index is not None else world.local_rank)
+        torch.cuda.set_device(gpu)  # torch.device("cuda") (collective_device) means this rank's GPU from here on
+        kwargs["device_id"] = gpu
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = world.master_addr, str(world.master_port)
     try:
         dist.init_process_group(backend=backend, init_method="env://", rank=world.rank, world_size=world.world_size,
@@ -139,6 +153,23 @@ def _group_size(group) -> int:
     return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
+def collective_device(backend: str) -> torch.device:
+    """Where the tensors of a collective of `backend` must be: NCCL takes CUDA tensors only (torch.device("cuda"): the
+    current device, which init_learner_group set to this rank's GPU); gloo (and any other backend) CPU tensors."""
+    return torch.device("cuda") if str(backend).lower() == "nccl" else torch.device("cpu")
+
+
+def _group_device(group=None) -> torch.device:
+    return collective_device(dist.get_backend(group))
+
+
+def _failed(what: str, e: BaseException) -> DistributedError:
+    """One line: which collective failed on which rank, and the backend's first line (a peer died: at once; a peer
+    stuck: after the group's timeout)."""
+    return DistributedError(f"{what} failed on rank {dist.get_rank()}/{dist.get_world_size()} (a peer learner died or "
+                            f"is stuck): {_first_line(e)}")
+
+
 class GradientAllReduce:
     """`hook()` replaces the `.grad` of every parameter by its average over the ranks of `group` (default: the
     default group): meant as APPO's grad_hook, between backward and gradient clipping.
@@ -150,9 +181,11 @@ class GradientAllReduce:
     contributes zeros there; it gets the averaged gradient on every rank if any rank had one, and stays None
     everywhere otherwise (Adam then skips it on every rank alike).
 
-    With a world of one rank the hook does nothing (no buffer, no process group needed). `seconds_total` and
-    `calls` count the all-reduces made (host time: on CUDA, NCCL runs asynchronously on the stream, so the time
-    is that of queuing the work unless the caller synchronizes)."""
+    The buffer lives on the group's collective_device: with nccl the parameters' GPU (no copy but the flat one); with
+    gloo the CPU, also for parameters on a GPU (gloo reduces CUDA tensors through host memory anyway, and only for a
+    few ops: the copies are explicit here). With a world of one rank the hook does nothing (no buffer, no process
+    group needed). `seconds_total` and `calls` count the all-reduces made (host time: on CUDA, NCCL runs
+    asynchronously on the stream, so the time is that of queuing the work unless the caller synchronizes)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], group=None, world_size: Optional[int] = None):
         self.params = [p for p in params if p.requires_grad]
@@ -167,6 +200,8 @@ class GradientAllReduce:
             raise ValueError(f"parameters of one dtype and device expected (one flat buffer), "
                              f"got {sorted(map(str, kinds))}")
         dtype, device = kinds.pop()
+        if dist.is_initialized():
+            device = _group_device(group)
         self.numels = [p.numel() for p in self.params]
         self.num_elements = sum(self.numels)
         self.buffer = torch.empty(self.num_elements + len(self.params), dtype=dtype, device=device)
@@ -196,8 +231,7 @@ class GradientAllReduce:
         try:
             dist.all_reduce(self.buffer, op=dist.ReduceOp.SUM, group=self.group)
         except Exception as e:  # a peer died (at once) or is stuck (after the group's timeout): one line
-            raise DistributedError(f"gradient all-reduce failed on rank {dist.get_rank()}/{self.world_size} (a peer "
-                                   f"learner died or is stuck): {_first_line(e)}") from e
+            raise _failed("gradient all-reduce", e) from e
         self.buffer.div_(self.world_size)  # the same operation on the same sums: identical results on every rank
         # the flags (a device sync) are only needed where this rank had no gradient: every rank decides alike
         had_any = self._flags[missing].gt(0).tolist() if missing else []
@@ -207,7 +241,7 @@ class GradientAllReduce:
         for i, any_rank in zip(missing, had_any):
             if any_rank:
                 p = self.params[i]
-                p.grad = self._views[i].view_as(p).clone()
+                p.grad = self._views[i].view_as(p).to(p.device, copy=True)
         self.seconds_total += time.perf_counter() - start
         self.calls += 1
 
@@ -219,40 +253,88 @@ def check_identical_weights(model: torch.nn.Module, group=None) -> bool:
     world_size = _group_size(group)
     if world_size == 1:
         return True
-    nccl = dist.get_backend(group) == "nccl"  # NCCL collectives take CUDA tensors only
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    mine = torch.tensor(list(bytes.fromhex(weights_sha256(model))), dtype=torch.uint8, device=device)  # [32]
+    mine = torch.tensor(list(bytes.fromhex(weights_sha256(model))), dtype=torch.uint8,
+                        device=_group_device(group))  # [32]
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(gathered, mine, group=group)
+    try:
+        dist.all_gather(gathered, mine, group=group)
+    except Exception as e:
+        raise _failed("the weight digest comparison", e) from e
     return all(torch.equal(g, gathered[0]) for g in gathered)
 
 
-def agree(values: list[float]) -> list[float]:
-    """Sum `values` (a few floats: a stop flag, frame counters) over the ranks; every rank gets the same sums. The
-    learners call it once per training batch, which keeps them in step: they stop at the same batch boundary."""
-    t = torch.tensor(values, dtype=torch.float64)
+def _int64(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    if any(isinstance(v, float) or not -2**63 < int(v) < 2**63 for v in values):
+        raise ValueError(f"agree takes int64 values (counters, flags), got {list(values)}")
+    return torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+
+
+def agree(values: Sequence[int], group=None) -> list[int]:
+    """Sum `values` (a few integers: a stop flag, frame counters) over the ranks, exactly (int64, not floats: a float64
+    sum is exact only below 2^53); every rank gets the same sums. The learners call it once per training batch, which
+    keeps them in step: they stop at the same batch boundary."""
+    t = _int64(values, _group_device(group))
     try:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     except Exception as e:
-        raise DistributedError(f"rank {dist.get_rank()}: the learners' per-batch agreement failed (a peer learner died "
-                               f"or is stuck): {_first_line(e)}") from e
+        raise _failed("the learners' per-batch agreement", e) from e
     return t.tolist()
 
 
-def broadcast_state(model: torch.nn.Module, src: int = 0, buffers_only: bool = False) -> None:
-    """Copy rank `src`'s weights and buffers (or, with buffers_only, its buffers: input and returns normalizers, which
-    each rank updates from its own batch) into `model` on every rank: one flat broadcast."""
-    tensors = list(model.buffers() if buffers_only else model.state_dict().values())
+def agree_range(values: Sequence[int], group=None) -> tuple[list[int], list[int]]:
+    """(minimums, maximums) of each of `values` (integers) over the ranks, exact: every rank holds the same value iff
+    its minimum equals its maximum. One all-reduce MAX of [values, -values] (gloo and nccl have MAX)."""
+    t = _int64(values, _group_device(group))
+    both = torch.cat([t, -t])
+    try:
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    except Exception as e:
+        raise _failed("the learners' start-up agreement", e) from e
+    n = len(values)
+    out = both.tolist()
+    return [-v for v in out[n:]], out[:n]
+
+
+def gather_rows(t: torch.Tensor, group=None) -> torch.Tensor:
+    """`[world, *t.shape]`: every rank's `t` (same shape and dtype on every rank), in rank order, on t's device. A
+    collective: every rank must call it. Without a process group: t[None]."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return t.detach().unsqueeze(0).clone()
+    world_size = dist.get_world_size(group)
+    mine = t.detach().to(_group_device(group)).contiguous()
+    parts = [torch.empty_like(mine) for _ in range(world_size)]
+    try:
+        dist.all_gather(parts, mine, group=group)
+    except Exception as e:
+        raise _failed("the normalizer statistics gather", e) from e
+    return torch.stack(parts).to(t.device)
+
+
+def share_normalizer_statistics(model: torch.nn.Module, group=None) -> int:
+    """Make every running mean/std normalizer of `model` (sf.model.normalization.RunningMeanStd: input and returns
+    normalizers) merge the batch moments of every rank of `group` at each update, in rank order: every rank then holds
+    the union batch's statistics, bitwise alike, and the ranks' updates stay collectives in the same order (each rank
+    updates the same normalizers the same number of times). Returns how many normalizers it set."""
+    normalizers = [m for m in model.modules() if isinstance(m, RunningMeanStd)]
+    for m in normalizers:
+        m.gather_moments = functools.partial(gather_rows, group=group)
+    return len(normalizers)
+
+
+def broadcast_state(model: torch.nn.Module, src: int = 0, group=None) -> None:
+    """Copy rank `src`'s state_dict (weights and normalizer buffers) into `model` on every rank: one flat broadcast
+    per dtype, on the group's collective_device."""
+    tensors = list(model.state_dict().values())
     if not tensors:
         return
+    device = _group_device(group)
     try:
         for dtype in sorted({t.dtype for t in tensors}, key=str):  # one flat tensor per dtype
-            group = [t for t in tensors if t.dtype == dtype]
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
-            dist.broadcast(flat, src=src)
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.detach().reshape(-1) for t in same]).to(device)
+            dist.broadcast(flat, src=src, group=group)
             with torch.no_grad():
-                for t, part in zip(group, torch.split(flat, [t.numel() for t in group])):
+                for t, part in zip(same, torch.split(flat, [t.numel() for t in same])):
                     t.copy_(part.view_as(t))
     except Exception as e:
-        raise DistributedError(f"rank {dist.get_rank()}: broadcast of rank {src}'s weights failed: "
-                               f"{_first_line(e)}") from e
+        raise _failed(f"broadcast of rank {src}'s weights", e) from e

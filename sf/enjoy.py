@@ -34,9 +34,13 @@ NATIVE_FPS = {"doom": 35, "atari": 60, "dmlab": 60}
 
 def _check_experiment_dir(cfg) -> Path:
     exp_dir = experiment_dir(cfg)
-    if not exp_dir.is_dir():
-        raise ConfigError(f"experiment directory {exp_dir} does not exist (check --experiment and --train_dir)")
-    return exp_dir
+    try:
+        if exp_dir.is_dir():
+            return exp_dir
+        what = "is not a directory" if os.path.lexists(exp_dir) else "does not exist"  # a file, a dangling link
+    except OSError as e:
+        raise RunError(f"cannot read {exp_dir}: {e.strerror or e}") from None
+    raise ConfigError(f"experiment directory {exp_dir} {what} (check --experiment and --train_dir)")
 
 
 def load_policy(cfg, obs_space, action_space, device, policy_id: int = 0):
@@ -49,7 +53,8 @@ def load_policy(cfg, obs_space, action_space, device, policy_id: int = 0):
     model = create_actor_critic(cfg, obs_space, action_space).to(device).eval()
     try:
         ckpt_dir = exp_dir / f"checkpoint_p{policy_id}"
-        state = CheckpointManager(exp_dir, policy_id=policy_id).load(cfg.load_checkpoint_kind, map_location=device)
+        state = CheckpointManager(exp_dir, policy_id=policy_id, read_only=True).load(  # a live run's files: read only
+            cfg.load_checkpoint_kind, map_location=device)
         if state is None:
             raise ConfigError(f"no {cfg.load_checkpoint_kind} checkpoint in {ckpt_dir}; train first")
         check_compatible(state["meta"], checkpoint_meta(cfg, obs_space, action_space, model), state.get("path", ckpt_dir))

@@ -259,9 +259,13 @@ def check_experiment_dir(d: Path) -> None:
     """Raises a one-line ConfigError unless d is a directory holding event files (naming sub-directories that do,
     for `python -m sf.plot train_dir`)."""
     valid = "give an experiment directory that training wrote, such as train_dir/<experiment>"
-    if not d.exists():
+    try:
+        exists, is_dir = d.exists(), d.is_dir()
+    except OSError as e:  # a name too long for the filesystem, say: an I/O failure, as in training
+        raise RunError(f"cannot read {d}: {e.strerror or e}") from None
+    if not exists:
         raise ConfigError(f"{d}: no such directory; {valid}")
-    if not d.is_dir():
+    if not is_dir:
         raise ConfigError(f"{d}: not a directory; {valid}")
     if not event_files(d):
         subs = sorted(str(s) for s in d.iterdir() if s.is_dir() and event_files(s))
@@ -274,10 +278,14 @@ def check_out(out: Path) -> None:
     """Raises a one-line ConfigError unless `out` can name the PNG: a .png name in an existing directory."""
     if out.suffix.lower() != ".png":
         raise ConfigError(f"--out {out}: the file name must end in .png, such as {out.with_suffix('.png')}")
-    if out.is_dir():
+    try:
+        is_dir, parent_is_dir = out.is_dir(), out.parent.is_dir()
+    except OSError as e:  # a name too long for the filesystem, say
+        raise RunError(f"cannot write {out}: {e.strerror or e}") from None
+    if is_dir:
         raise ConfigError(f"--out {out} is a directory; give a file name in it, such as {out / DEFAULT_OUT_NAME}")
     parent = out.parent
-    if not parent.is_dir():
+    if not parent_is_dir:
         what = "is not a directory" if parent.exists() else "does not exist"
         raise ConfigError(f"--out {out}: directory {parent} {what}; give a .png path in an existing directory")
 

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
+from sf.seeding import ENV, stream_seed
 
 _single_threaded = False
 
@@ -25,10 +25,11 @@ def single_threaded() -> None:
 
 
 def derive_seed(base_seed: Optional[int], env_index: int) -> Optional[int]:
-    """The seed of env `env_index` of a run seeded with `base_seed` (None: not seeded). 31-bit, well mixed."""
+    """The seed of the first episode of env `env_index` (its global index) of a run seeded with `base_seed` (None: not
+    seeded): stream ENV (env_index, 0, 0) of sf.seeding, the seed a rollout worker gives that env's first reset."""
     if base_seed is None:
         return None
-    return int(np.random.SeedSequence([int(base_seed) & 0xFFFFFFFF, int(env_index)]).generate_state(1)[0] & 0x7FFFFFFF)
+    return stream_seed(base_seed, ENV, env_index, 0, 0)
 
 
 def cfg_seed(cfg) -> Optional[int]:

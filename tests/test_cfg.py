@@ -151,7 +151,7 @@ def test_presets_are_valid():
     ("seed", str(2**32), "--seed must be in [0, 4294967295]"),
     ("seed", "2**70", "--seed: expected an integer, got '2**70'"),
     ("seed", "1.5", "--seed: expected an integer"),
-    ("num_workers", "1000000", "--num_workers must be in [1, 4096] (got 1000000)"),
+    ("num_workers", "1000000", "--num_workers must be in [1, 200] (got 1000000)"),
     ("rnn_size", "10000000", "--rnn_size must be in [1, 65536] (got 10000000)"),
     ("hidden_size", "0", "--hidden_size must be in [1, 65536]"),
     ("rollout", "abc", "--rollout: expected an integer, got 'abc'"),
@@ -174,7 +174,7 @@ def test_bad_values_rejected(tmp_path, flag, value, needle):
     (["--encoder_mlp_layers", "64", "0"], "--encoder_mlp_layers entries must be in [1, 65536] (got [64, 0])"),
     (["--encoder_mlp_layers", *["8"] * 65], "--encoder_mlp_layers must have 1 to 64 entries (got 65)"),
     (["--encoder_mlp_layers", "64", "x"], "--encoder_mlp_layers: expected an integer, got 'x'"),
-    (["--num_workers", "4096", "--num_envs_per_worker", "32", "--worker_num_splits", "2"], "at most 65536 envs"),
+    (["--num_workers", "200", "--num_envs_per_worker", "512", "--worker_num_splits", "2"], "at most 65536 envs"),
     (["--batch_size", str(2**24), "--num_batches_per_epoch", "2", "--rollout", "16"], "samples per training batch"),
     (["--num_workers", "2", "--num_envs_per_worker", "4", "--num_traj_buffers", "5"], "--num_traj_buffers (5) must be 0 or at least"),
 ])
@@ -379,7 +379,8 @@ def test_save_cfg_atomic_and_round_trips(tmp_path, monkeypatch):
     assert sorted(p.name for p in exp.iterdir()) == ["config.json"]  # no temporary file left
     assert json.loads(path.read_text())["learning_rate"] == 0.002
     again = _parse(tmp_path, "--experiment", "e")
-    assert vars(again) == vars(cfg)  # what is written reads back unchanged
+    params = lambda c: {k: v for k, v in vars(c).items() if not k.startswith("_")}  # noqa: E731 (not _explicit)
+    assert params(again) == params(cfg)  # what is written reads back unchanged
 
 
 def test_save_cfg_failure_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):

@@ -238,6 +238,19 @@ def test_bad_input_is_one_line_and_exit_2(fake_train_dir, tmp_path, capsys, case
     assert not [p for p in tmp_path.rglob("*.png*") if p.is_file()]  # nothing written
 
 
+@pytest.mark.parametrize("where", ["experiment", "out"])
+def test_name_too_long_is_one_line_and_exit_1(fake_train_dir, tmp_path, capsys, where):
+    """A name the filesystem refuses (over 255 bytes) is an I/O failure, as in training: one line, exit code 1."""
+    train_dir, _ = fake_train_dir
+    long = tmp_path / ("x" * 300)
+    argv = [str(long)] if where == "experiment" else [str(train_dir / "alpha"), "--out", f"{long}.png"]
+    assert plot.main(argv) == 1
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith("python -m sf.plot: error: cannot "), err
+    assert lines[0].endswith(": File name too long") and str(long) in lines[0]
+
+
 def test_bad_input_from_the_real_command_line(tmp_path):
     res = run_plot_cli(tmp_path / "nope")
     assert res.returncode == 2

@@ -19,25 +19,42 @@ import time
 
 import torch
 
+from sf.buffers.packed import PackedTensors
+
 TORN_WAIT_SEC = 0.05  # a publish takes well under a millisecond: an odd seq for longer means the writer died
+COUNTERS = "\0counters"  # their name in the packed storage: no state_dict key starts with a NUL
+
 
 class SharedWeights:
-    """Shared copy of a model's state_dict plus `[seq, version]` counters in shared CPU memory."""
+    """Shared copy of a model's state_dict plus `[seq, version]` counters in shared CPU memory.
+
+    tensors[k]  the state_dict's shapes and dtypes, views of one packed storage (sf.buffers.packed): a process receiving
+                the weights gets one file descriptor on CPU, where the counters share the storage, and on CUDA one
+                CUDA IPC handle for the tensors plus the counters' descriptor
+    counters    [2] int64, CPU: seq (odd while the learner writes), published version (-1: none yet)
+    """
 
     def __init__(self, model: torch.nn.Module, device: str = "cpu"):
-        # On CUDA the tensors are CUDA tensors shared through torch.multiprocessing (CUDA IPC handles).
-        self.tensors = {k: v.detach().to(device).clone() for k, v in model.state_dict().items()}
-        for t in self.tensors.values():
-            t.share_memory_()
-        self.counters = torch.tensor([0, -1], dtype=torch.int64).share_memory_()  # seq, published version
+        tensors = {k: v.detach() for k, v in model.state_dict().items()}
+        counters = {COUNTERS: torch.tensor([0, -1], dtype=torch.int64)}
+        if torch.device(device).type == "cpu":
+            self._packed = [PackedTensors({**tensors, **counters})]
+        else:  # the readers poll the counters through numpy on the host: they stay in CPU memory
+            self._packed = [PackedTensors(tensors, device), PackedTensors(counters)]
+        self._views()
+
+    def _views(self) -> None:
+        views = {k: v for packed in self._packed for k, v in packed.views.items()}
+        self.counters = views.pop(COUNTERS)
+        self.tensors = views
         self._counters_np = self.counters.numpy()
 
-    def __getstate__(self) -> dict:  # the numpy view is rebuilt in the receiving process (pickled, it would be a copy)
-        return {k: v for k, v in self.__dict__.items() if k != "_counters_np"}
+    def __getstate__(self) -> dict:  # the views are rebuilt in the receiving process (pickled, numpy's would be a copy)
+        return {"_packed": self._packed}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._counters_np = self.counters.numpy()
+        self._views()
 
     @property
     def version(self) -> int:
@@ -56,24 +73,28 @@ class SharedWeights:
         self.counters[0] += 1
 
     def load_into(self, model: torch.nn.Module, have_version: int) -> int:
-        """Copy the weights into `model` if newer than `have_version`; returns the version now held."""
+        """Copy the weights into `model` if newer than `have_version`; returns the version now held: `have_version`
+        when nothing newer could be read whole (the model untouched), -1 when a copy was overwritten half-way by a
+        writer that then died (the model holds no published version; a later call with -1 takes the next publish)."""
         counters = self._counters_np  # read before every policy batch: numpy, not torch indexing
         torn_since = None
+        touched = False  # a copy into `model` was made and found torn: `have_version` is no longer what it holds
         while True:
             seq = int(counters[0])
             version = int(counters[1])
             if version <= have_version or version < 0:
-                return have_version
+                return -1 if touched else have_version
             if seq % 2:
                 now = time.monotonic()
                 torn_since = torn_since or now
                 if now - torn_since > TORN_WAIT_SEC:  # the learner died writing: keep what we have
-                    return have_version
+                    return -1 if touched else have_version
                 time.sleep(0.0001)
                 continue
             self._copy_from_shared(model)
             if int(counters[0]) == seq:
                 return version
+            touched = True
 
     def _copy_from_shared(self, model: torch.nn.Module) -> None:
         """Copy the shared tensors into `model`; returns once every copy has completed (see the module docstring)."""

@@ -34,6 +34,7 @@ import os
 import numpy as np
 import torch
 
+from sf.buffers.packed import PackedTensors
 from sf.model.action_spaces import action_dtype, action_shape, num_action_logits
 
 POISON_UINT8 = 0xCD
@@ -44,30 +45,57 @@ def _torch_dtype(np_dtype) -> torch.dtype:
 
 
 class TrajectoryBuffers:
-    """Shared-memory tensors for `num_slots` trajectories of length `rollout`. Picklable: children
-    receive the same memory (torch.multiprocessing passes the file descriptors)."""
+    """Shared-memory tensors for `num_slots` trajectories of length `rollout`, all views of one packed storage.
+    Picklable: children receive the same memory (torch.multiprocessing passes its one file descriptor)."""
 
     def __init__(self, num_slots: int, rollout: int, obs_space, action_space, rnn_state_size: int):
         n, t = num_slots, rollout
         self.num_slots, self.rollout = n, t
-        self.obs = {k: torch.empty((n, t + 1, *s.shape), dtype=_torch_dtype(s.dtype)) for k, s in obs_space.spaces.items()}
-        self.rnn_states = torch.empty((n, t + 1, rnn_state_size), dtype=torch.float32)
-        self.actions = torch.empty((n, t, *action_shape(action_space)), dtype=action_dtype(action_space))
-        self.action_logits = torch.empty((n, t, num_action_logits(action_space)), dtype=torch.float32)
-        self.log_probs = torch.empty((n, t), dtype=torch.float32)
-        self.values = torch.empty((n, t), dtype=torch.float32)
-        self.policy_versions = torch.empty((n, t), dtype=torch.int64)
-        self.policy_ids = torch.empty((n, t), dtype=torch.int8)
-        self.rewards = torch.empty((n, t), dtype=torch.float32)
-        self.dones = torch.empty((n, t), dtype=torch.float32)
-        self.truncated = torch.empty((n, t), dtype=torch.float32)
-        self.action_noise = torch.empty((n, t, *action_shape(action_space)), dtype=torch.float32)
-        self.final_obs = {k: torch.empty((n, *s.shape), dtype=_torch_dtype(s.dtype)) for k, s in obs_space.spaces.items()}
-        self.final_rnn = torch.empty((n, rnn_state_size), dtype=torch.float32)
-        self.final_t = torch.empty((n,), dtype=torch.int64)
-        for tensor in self.all_tensors():
-            tensor.share_memory_()
+        with torch.device("meta"):  # shapes and dtypes only: the memory is the packed storage below
+            self.obs = {k: torch.empty((n, t + 1, *s.shape), dtype=_torch_dtype(s.dtype))
+                        for k, s in obs_space.spaces.items()}
+            self.rnn_states = torch.empty((n, t + 1, rnn_state_size), dtype=torch.float32)
+            self.actions = torch.empty((n, t, *action_shape(action_space)), dtype=action_dtype(action_space))
+            self.action_logits = torch.empty((n, t, num_action_logits(action_space)), dtype=torch.float32)
+            self.log_probs = torch.empty((n, t), dtype=torch.float32)
+            self.values = torch.empty((n, t), dtype=torch.float32)
+            self.policy_versions = torch.empty((n, t), dtype=torch.int64)
+            self.policy_ids = torch.empty((n, t), dtype=torch.int8)
+            self.rewards = torch.empty((n, t), dtype=torch.float32)
+            self.dones = torch.empty((n, t), dtype=torch.float32)
+            self.truncated = torch.empty((n, t), dtype=torch.float32)
+            self.action_noise = torch.empty((n, t, *action_shape(action_space)), dtype=torch.float32)
+            self.final_obs = {k: torch.empty((n, *s.shape), dtype=_torch_dtype(s.dtype))
+                              for k, s in obs_space.spaces.items()}
+            self.final_rnn = torch.empty((n, rnn_state_size), dtype=torch.float32)
+            self.final_t = torch.empty((n,), dtype=torch.int64)
+        # one shared storage for all of them: a process receiving the buffers gets one file descriptor (the fork
+        # server sends a new process at most sf.processes.fds.MAX_FDS_SENT)
+        self._packed = PackedTensors(self._named())
+        self._views()
         self.poison()
+
+    def _named(self) -> dict:
+        """Every tensor by a unique name (observation keys prefixed)."""
+        return {**{f"obs/{k}": v for k, v in self.obs.items()},
+                **{f"final_obs/{k}": v for k, v in self.final_obs.items()}, **self.step_tensors()}
+
+    def _views(self) -> None:
+        """Point every tensor attribute at its view of the packed storage."""
+        views = self._packed.views
+        self.obs = {k[len("obs/"):]: v for k, v in views.items() if k.startswith("obs/")}
+        self.final_obs = {k[len("final_obs/"):]: v for k, v in views.items() if k.startswith("final_obs/")}
+        for name, view in views.items():
+            if not name.startswith(("obs/", "final_obs/")):
+                setattr(self, name, view)
+
+    def __getstate__(self) -> dict:  # the views are rebuilt in the receiving process from the one packed storage
+        views = {"obs", "final_obs", *self._packed.views}
+        return {k: v for k, v in self.__dict__.items() if k not in views}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._views()
 
     def step_tensors(self) -> dict:
         """Name -> tensor for everything except observations."""

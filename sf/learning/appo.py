@@ -31,11 +31,17 @@ from sf.cfg import sync_minibatches
 from sf.learning.gae import gae
 from sf.learning.losses import appo_loss, masked_mean
 from sf.learning.vtrace import truncation_bootstrap, vtrace
-from sf.seeding import MINIBATCH, policy_stream, run_seed, stream_seed
+from sf.seeding import MINIBATCH, run_seed, stream_seed
 
+OPTIMIZER_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "adam_beta1", "adam_beta2", "adam_eps")
 STAT_KEYS = ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm",
              "learning_rate", "lag_min", "lag_avg", "lag_max", "masked_fraction", "num_samples", "num_masked",
              "policy_version")
+
+
+def cfg_hyperparams(cfg) -> dict[str, float]:
+    """The configuration's OPTIMIZER_HYPERPARAMS (flag > saved config.json > preset, as sf.cfg.parse_cfg resolved them)."""
+    return {k: float(getattr(cfg, k)) for k in OPTIMIZER_HYPERPARAMS}
 
 
 class APPO:
@@ -45,22 +51,37 @@ class APPO:
         sf.distributed.GradientAllReduce: data-parallel learners average their gradients there)."""
         self.model, self.cfg, self.device = model, cfg, torch.device(device)
         self.grad_hook = grad_hook
-        self.exploration_loss_coeff = cfg.exploration_loss_coeff
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                          eps=getattr(cfg, "adam_eps", 1e-6))
+        self.optimizer = torch.optim.Adam(self.params)
+        self.set_hyperparams(**cfg_hyperparams(cfg))
         sync = getattr(cfg, "sync_mode", "async") != "async"
         self.num_minibatches = sync_minibatches(cfg) if sync else int(cfg.num_batches_per_epoch)
         self.max_policy_lag = float("inf") if sync else cfg.max_policy_lag
         self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(stream_seed(run_seed(cfg), MINIBATCH, *policy_stream(policy_id)))
+        self.generator.manual_seed(stream_seed(run_seed(cfg), MINIBATCH, policy_id))
 
-    def set_hyperparams(self, learning_rate: float, exploration_loss_coeff: float, adam_beta1: float) -> None:
-        """Population-based training's mutations, applied from the next SGD step on."""
+    def set_hyperparams(self, **values: float) -> None:
+        """Hyperparameters in force from the next SGD step on: any of OPTIMIZER_HYPERPARAMS (population-based training's
+        mutations; after an optimizer state was loaded, the configuration's: a loaded state brings the values of the run
+        that saved it). Every param group of the optimizer gets them."""
+        unknown = set(values) - set(OPTIMIZER_HYPERPARAMS)
+        if unknown:
+            raise ValueError(f"unknown hyperparameters {sorted(unknown)}; known: {OPTIMIZER_HYPERPARAMS}")
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate
-            group["betas"] = (adam_beta1, group["betas"][1])
-        self.exploration_loss_coeff = exploration_loss_coeff
+            beta1, beta2 = group["betas"]
+            group["lr"] = float(values.get("learning_rate", group["lr"]))
+            group["betas"] = (float(values.get("adam_beta1", beta1)), float(values.get("adam_beta2", beta2)))
+            group["eps"] = float(values.get("adam_eps", group["eps"]))
+            group["weight_decay"] = self.optimizer.defaults["weight_decay"]  # none here; a loaded state must not add any
+        if "exploration_loss_coeff" in values:
+            self.exploration_loss_coeff = float(values["exploration_loss_coeff"])
+
+    def hyperparams(self) -> dict[str, float]:
+        """The OPTIMIZER_HYPERPARAMS in force (those of the first param group: every group holds the same)."""
+        group = self.optimizer.param_groups[0]
+        return {"learning_rate": float(group["lr"]), "exploration_loss_coeff": float(self.exploration_loss_coeff),
+                "adam_beta1": float(group["betas"][0]), "adam_beta2": float(group["betas"][1]),
+                "adam_eps": float(group["eps"])}
 
     # --- one SGD step ---
     def _sgd_step(self, mb: dict, version: int) -> tuple[dict, bool]:

@@ -37,7 +37,6 @@ import hashlib
 import logging
 import math
 import os
-import random
 import re
 import shutil
 import stat
@@ -45,7 +44,6 @@ import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
 CHECKPOINT_FORMAT = 1
@@ -89,15 +87,10 @@ def weights_sha256(model: torch.nn.Module) -> str:
 
 
 def _rng_states() -> dict:
-    """Every RNG the training code draws from, as weights_only-safe values (tensors, lists, ints)."""
-    np_state = np.random.get_state(legacy=True)  # ('MT19937', uint32[624], pos, has_gauss, cached_gaussian)
-    py_version, py_internal, py_gauss = random.getstate()
-    states = {
-        "torch": torch.get_rng_state(),
-        "numpy": [str(np_state[0]), torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
-                  int(np_state[3]), float(np_state[4])],
-        "python": [int(py_version), [int(x) for x in py_internal], py_gauss],
-    }
+    """The global generators the learner draws from, as weights_only-safe tensors: torch's (seeded from --seed, see
+    sf.seeding). Python's `random` and numpy's global generator are not saved: the learner draws from neither, and
+    they are not seeded, so saving them made two identical runs write different checkpoints."""
+    states = {"torch": torch.get_rng_state()}
     # Only when CUDA is already in use: asking for its RNG state would otherwise create a CUDA context (and
     # take GPU memory) in a CPU-only learner; an untouched CUDA RNG is still at its seeded initial state.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -110,9 +103,9 @@ def make_checkpoint_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
     """Everything needed to resume training exactly, in a form `torch.load(weights_only=True)` accepts.
 
     Keys: `model` (state_dict, normalizer buffers included), `optimizer` (state_dict or None),
-    `policy_version`, `env_steps`, `lr` (one float per param group), `rng` (torch CPU, CUDA when in use,
-    numpy global, python `random`), `meta` (what a run must match to load it, see check_compatible),
-    `checkpoint_format`, plus the keys of `extra` (which must not clash with these).
+    `policy_version`, `env_steps`, `lr` (one float per param group), `rng` (torch CPU, CUDA when in use),
+    `meta` (what a run must match to load it, see check_compatible), `checkpoint_format`, plus the keys of `extra`
+    (which must not clash with these).
     """
     state = {
         "checkpoint_format": CHECKPOINT_FORMAT,
@@ -133,9 +126,10 @@ def make_checkpoint_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
 
 def restore_rng_states(state: dict) -> None:
-    """Set the torch / CUDA / numpy / python RNGs to the states saved by make_checkpoint_state.
+    """Set the torch / CUDA RNGs to the states saved by make_checkpoint_state.
 
-    Missing entries are skipped (a checkpoint from a CUDA run resumed on CPU keeps the CPU states only).
+    Missing entries are skipped (a checkpoint from a CUDA run resumed on CPU keeps the CPU states only); the numpy and
+    Python `random` states that older checkpoints hold are ignored (nothing in the learner draws from them).
     """
     rng = state.get("rng") or {}
     if "torch" in rng:
@@ -145,13 +139,6 @@ def restore_rng_states(state: dict) -> None:
         saved = [s.cpu().to(torch.uint8) for s in rng["cuda"]]
         for i in range(min(len(saved), torch.cuda.device_count())):
             torch.cuda.set_rng_state(saved[i], i)
-    if "numpy" in rng:
-        name, keys, pos, has_gauss, cached = rng["numpy"]
-        keys = keys.cpu().numpy() if torch.is_tensor(keys) else np.asarray(keys)
-        np.random.set_state((name, keys.astype(np.uint32), int(pos), int(has_gauss), float(cached)))
-    if "python" in rng:
-        version, internal, gauss = rng["python"]
-        random.setstate((int(version), tuple(int(x) for x in internal), gauss))
 
 
 def _check_weights_only_safe(obj: Any, where: str = "state") -> None:
@@ -371,10 +358,12 @@ class CheckpointManager:
     """Saves, prunes and loads the checkpoints of one policy in `exp_dir/checkpoint_p{policy_id}`.
 
     Only files whose content verifies (see the module docstring) are listed, loaded, ranked or deleted.
+    `read_only`: this manager never writes, moves or deletes anything (a data-parallel rank other than 0, which shares
+    rank 0's directory): a file that fails verification is ignored where it lies, as in a directory it may not write.
     """
 
     def __init__(self, exp_dir: Path, policy_id: int = 0, keep_checkpoints: int = 2, save_best_metric: str = "reward",
-                 log: logging.Logger = logging.getLogger("sf.checkpoint")):
+                 log: logging.Logger = logging.getLogger("sf.checkpoint"), read_only: bool = False):
         if keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
         self.dir = Path(exp_dir) / f"checkpoint_p{policy_id}"
@@ -382,6 +371,7 @@ class CheckpointManager:
         self.keep_checkpoints = keep_checkpoints
         self.metric = save_best_metric
         self.log = log
+        self.read_only = read_only
         # path -> ((size, mtime_ns, inode), _Info or None, reason or None): each file is read once while it is
         # unchanged. None info with a reason: rejected but could not be moved aside (e.g. read-only directory).
         self._verified: dict[Path, tuple[tuple, _Info | None, str | None]] = {}
@@ -495,6 +485,12 @@ class CheckpointManager:
 
     def _reject(self, path: Path, key: tuple, reason: str, then: str, quiet: bool) -> None:
         """Move a file that failed verification into rejected/ (kept for inspection, never matched again)."""
+        if self.read_only:  # ignore it, remember the verdict (not read or reported again while it is unchanged)
+            self._verified[path] = (key, None, reason)
+            if not quiet:
+                self.log.warning("Checkpoint %s is not a valid checkpoint (%s); ignored, left in place (read only)%s",
+                                 path, reason, then)
+            return
         try:
             self.rejected_dir.mkdir(exist_ok=True)
             dest = self.rejected_dir / path.name
@@ -551,6 +547,8 @@ class CheckpointManager:
 
     def _prepare(self, state: dict, policy_version: int, env_steps: int) -> tuple[int, int]:
         """Check `state` before writing anything: it must verify once written, and be weights_only-safe."""
+        if self.read_only:
+            raise RuntimeError(f"checkpoint manager of {self.dir} is read only: it writes nothing")
         _check_weights_only_safe(state)
         version, steps = int(policy_version), int(env_steps)
         if version < 0 or steps < 0:
@@ -599,6 +597,13 @@ class CheckpointManager:
             reason = _os_reason(failure) if isinstance(failure, OSError) else _describe(failure)
             raise CheckpointError(f"cannot write checkpoint {final}: {reason}") from None
         _fsync_dir(self.dir)
+
+    def holds(self, policy_version: int, env_steps: int) -> Path | None:
+        """The regular checkpoint of this policy version and env steps if it is here and verifies, else None. A version
+        counts SGD steps (and weight copies): that file holds this very training state, so saving it again would only
+        rewrite it (a new mtime, and a best file of the same weights relabelled with other episodes)."""
+        path = self.dir / _regular_name(int(policy_version), int(env_steps))
+        return path if self._verify(path)[0] is not None else None
 
     def save(self, state: dict, policy_version: int, env_steps: int) -> Path:
         """Write a regular checkpoint atomically; then keep only the `keep_checkpoints` newest. Returns its path.

@@ -21,26 +21,33 @@ Populations (--num_policies N): one learner per policy, each with its own queue,
 SharedState.learner) and checkpoint_p{policy_id}. A slot may hold steps another policy acted (an agent changed policy at
 an episode start inside the trajectory): they are masked out of the loss (policy_ids != policy_id). Before each training
 batch the learner applies its policy's hyperparameters from SharedState.hyperparams and, when population-based training
-asks it (SharedState.replace_from), copies another policy's published weights (its Adam moments are reset: they were
-estimated for other weights); its version goes on counting up, so policy workers pick the copy up at once.
+asks it (SharedState.copy_requests, replace_from), copies another policy's published weights (its Adam moments are reset:
+they were estimated for other weights); its version goes on counting up, so policy workers pick the copy up at once. A copy
+whose source cannot be read whole is retried for PBT_COPY_WAIT_SEC, then abandoned with a warning
+(apply_population_updates). Which hyperparameters are in force after a resume: sf/runner/population.py.
 
 Self-healing: a learner that died is replaced (`replacement=True`). The replacement takes the weights of the last SGD
 step its predecessor published (shared memory outlives it; the checkpoint's when the predecessor died writing them), the
 optimizer state and random streams of the latest checkpoint, the frames trained from SharedState, and goes on numbering
 versions above every version published so far (policy lag stays meaningful). Every slot it takes from its queue is
 marked held in SharedState.slot_owner until it returns it to the free list: the runner queues a dead learner's held
-slots again for its replacement.
+slots again for its replacement. A batch copied out has left shared memory (its slots are free): the batches a dead
+learner copied out and had not finished training (one training, one waiting: at most two) are lost, and counted
+(SharedState.released - frames trained).
 
 Data-parallel learners (torchrun, sf/distributed.py): the learners of all ranks form one process group. At start rank
-0's weights are broadcast (a resumed run: every rank loaded the same checkpoint, checked); every SGD step averages the
-gradients over the ranks (APPO's grad_hook) and then copies rank 0's normalizer buffers, so every rank holds the same
-weights after every step; before each training batch the learners agree (one small all-reduce) whether to go on and
-sum their frame counters, so they train the same number of batches and stop at the same boundary. Only rank 0 writes
-checkpoints. A collective that fails (a peer died) stops the run, with a checkpoint from rank 0.
+0's weights are broadcast (a resumed run: every rank loaded the same checkpoint, checked exactly); every SGD step
+averages the gradients over the ranks (APPO's grad_hook) and every normalizer update merges every rank's batch moments,
+so every rank holds the same weights and statistics at every moment, whether or not a step ran; before each training
+batch the learners agree (one small all-reduce) whether to go on and sum their frame counters, so they train the same
+number of batches and stop at the same boundary. Only rank 0 writes: checkpoints, and files that fail verification
+moved to rejected/ (the other ranks read the directory only). A collective that fails (a peer died) stops the run, with
+a checkpoint from rank 0.
 """
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import math
 import os
@@ -51,14 +58,19 @@ import time
 import torch
 
 from sf import distributed
-from sf.learning.appo import APPO
+from sf.learning.appo import APPO, cfg_hyperparams
 from sf.learning.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
                                     restore_rng_states, weights_sha256)
 from sf.model.actor_critic import create_actor_critic
-from sf.processes.shared_state import ENV_STEPS, FINISHED, HYPERPARAMS, SLOT_FREE, VERSION, learner_name, slot_held
-from sf.seeding import MODEL, deterministic_kernels, policy_stream, run_seed, stream_seed
+from sf.processes.pause_points import PAUSE_AT, pause
+from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, SLOT_FREE,
+                                      VERSION, learner_name, slot_held)
+from sf.seeding import MODEL, deterministic_kernels, run_seed, stream_seed
 
 log = logging.getLogger("sf.learner")
+# PBT weight copy from a source that has not published yet or is being written (its learner died writing): retried
+# before each training batch and in the idle loop for this long, then abandoned (a publish takes well under a ms)
+PBT_COPY_WAIT_SEC = 5.0
 
 
 def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
@@ -82,17 +94,19 @@ class Learner:
         self.heartbeat = shared_state.heartbeat_slot(learner_name(policy_id, shared_state.num_policies))
         if getattr(cfg, "sync_mode", "async") != "async":
             deterministic_kernels(self.device)
-        torch.manual_seed(stream_seed(run_seed(cfg), MODEL, *policy_stream(policy_id)))  # initial weights
+        torch.manual_seed(stream_seed(run_seed(cfg), MODEL, policy_id))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
         self.world = world or distributed.World()
         grad_hook = None
         if self.world.distributed:
             distributed.init_learner_group(self.world, self.device, cfg.distributed_timeout_sec)
             grad_hook = distributed.GradientAllReduce(self.model.parameters())
+            distributed.share_normalizer_statistics(self.model)  # the union batch's statistics on every rank
         self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=policy_id, keep_checkpoints=cfg.keep_checkpoints,
-                                             save_best_metric=cfg.save_best_metric)
+                                             save_best_metric=cfg.save_best_metric,
+                                             read_only=self.world.rank > 0)  # rank 0's directory: only it writes
         self.frames_per_traj = cfg.rollout * frameskip
         self.sync = cfg.sync_mode if getattr(cfg, "sync_mode", "async") != "async" else None
         self.num_envs = cfg.num_workers * cfg.num_envs_per_worker * num_agents  # agents: one trajectory stream each
@@ -104,7 +118,10 @@ class Learner:
         self.pending: list[int] = []
         self.last_save = self.last_milestone = time.time()
         self.hyperparams = {k: float(getattr(cfg, k)) for k in HYPERPARAMS}
+        self.copy_pending: tuple[int, float] | None = None  # PBT: (request number, time.monotonic() of its first try)
+        self.copy_scratch: torch.nn.Module | None = None  # PBT: a copy lands here first (whole, or not at all)
         self.slot_owner, self.held = shared_state.slot_owner_np, slot_held(policy_id)
+        self.moving, self.census = shared_state.moving_np, shared_state.census_np  # (moves of slots: _take, _release)
         if replacement:
             self._take_over()
         else:
@@ -112,6 +129,8 @@ class Learner:
         if self.world.distributed:
             self._join_ranks()
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
+        self.released_frames = self.env_steps  # SharedState.released: none copied out and untrained yet
+        shared_state.released_np[policy_id] = 2 * self.released_frames
         self.sync_batch = 0  # hts/ppo: the rollout interval whose batch comes next
         self.published = {}  # hts/ppo: batches trained on -> the policy version published after them
         self.budget_done = False
@@ -126,6 +145,9 @@ class Learner:
             return None
         check_compatible(state["meta"], self.meta, state.get("path", "latest checkpoint"))
         load_into(self.model, self.appo.optimizer, state)
+        # the optimizer state brought the saving run's hyperparameters: this run's are in force (sf/runner/population.py
+        # says which; a population's PBT values follow from SharedState before the first batch)
+        self.appo.set_hyperparams(**cfg_hyperparams(self.cfg))
         restore_rng_states(state)
         if torch.is_tensor(state.get("minibatch_rng")):
             self.appo.generator.set_state(state["minibatch_rng"].cpu().to(torch.uint8))
@@ -153,17 +175,22 @@ class Learner:
     def _join_ranks(self) -> None:
         """Every rank starts from rank 0's weights at the same version and trained frames; a resumed run needs every
         rank to have loaded the same checkpoint (its optimizer state is not broadcast)."""
-        versions = distributed.agree([self.version, self.version ** 2, self.env_steps])
-        n = self.world.world_size
-        if versions[0] * versions[0] != versions[1] * n:  # sum^2 == n * sum of squares <=> every rank equal
+        lo, hi = distributed.agree_range([self.version, self.env_steps])  # exact, whatever the magnitude
+        if lo != hi:
             raise distributed.DistributedError(
-                f"rank {self.world.rank} resumed from policy version {self.version}, other ranks from others: every rank "
-                "needs the same experiment directory (one machine, or a shared file system) to resume")
+                f"rank {self.world.rank} resumed from policy version {self.version} ({self.env_steps} env frames), the "
+                f"ranks from versions {lo[0]}..{hi[0]} ({lo[1]}..{hi[1]} env frames): every rank needs the same "
+                "experiment directory (one machine, or a shared file system) to resume")
         distributed.broadcast_state(self.model)
-        self.env_steps = int(versions[2] // n)
 
     def save(self, final: bool = False) -> None:
         if self.world.rank != 0:  # rank 0 writes the checkpoints: every rank holds the same weights
+            return
+        saved = self.checkpoints.holds(self.version, self.env_steps)
+        if saved is not None:  # nothing trained since it was written or loaded: nothing is rewritten, no best relabelled
+            if final:  # (it is the final checkpoint, on disk already)
+                self.q.report.put(("checkpoint", str(saved), final))
+            self.last_save = time.time()
             return
         extra = {"minibatch_rng": self.appo.generator.get_state(), "policy_id": self.policy_id,
                  "hyperparams": dict(self.hyperparams), "world_size": self.world.world_size}
@@ -180,24 +207,55 @@ class Learner:
         self.last_save = time.time()
 
     # --- population-based training ---
-    def apply_population_updates(self) -> None:
-        """Before a training batch: this policy's hyperparameters (SharedState.hyperparams, NaN: the configuration's),
-        and a weight copy population-based training asked for (SharedState.replace_from)."""
+    def apply_population_updates(self, last: bool = False) -> None:
+        """Before a training batch (and, in process mode, while none comes): this policy's hyperparameters
+        (SharedState.hyperparams, NaN: the configuration's) and a weight copy population-based training asked for
+        (SharedState.copy_requests, replace_from).
+
+        A copy lands whole or not at all: the source's published weights are read into a scratch model first. A source
+        that has not published yet or is being written leaves the copy pending: retried at every call for
+        PBT_COPY_WAIT_SEC (`last`: the run ends, no retry), then abandoned with a ("pbt_copy_abandoned", policy, source,
+        reason) report: this policy's weights, Adam moments and version stay. A copy made resets Adam's moments (they
+        were estimated for other weights), publishes the weights as this policy's next version (policy workers pick
+        them up at once) and reports ("pbt_copied", policy, source, the source's version copied, the new version). A
+        request made while one is pending replaces it: the latest decision's source is the one copied."""
         p = self.policy_id
         values = self.state.hyperparams[p].tolist()
         if not any(math.isnan(v) for v in values):
             wanted = dict(zip(HYPERPARAMS, values))
-            if wanted != self.hyperparams:
+            in_force = self.appo.hyperparams()  # (the optimizer's own values: a loaded state may have changed them)
+            if any(in_force[k] != v for k, v in wanted.items()):
                 self.appo.set_hyperparams(**wanted)
-                self.hyperparams = wanted
-        source = int(self.state.replace_from[p])
-        if source >= 0:
-            if source != p and 0 <= source < len(self.all_weights):
-                self.all_weights[source].load_into(self.model, -1)  # the source's latest published weights
-                self.appo.optimizer.state = collections.defaultdict(dict)  # moments of other weights: start afresh
-                self._publish(self.version + 1)
-                self.q.report.put(("pbt_copied", p, source, self.version))
-            self.state.replace_from[p] = -1
+            self.hyperparams = wanted
+        requested = int(self.state.copy_requests[p, COPIES_REQUESTED])
+        if requested > int(self.state.copy_requests[p, COPIES_HANDLED]):
+            self._copy_weights(requested, last)
+
+    def _copy_weights(self, requested: int, last: bool) -> None:
+        """Try the pending weight copy (request number `requested`; see apply_population_updates)."""
+        p, now = self.policy_id, time.monotonic()
+        source = int(self.state.replace_from[p])  # read after the count: the runner writes it before counting
+        if self.copy_pending is None or self.copy_pending[0] != requested:
+            self.copy_pending = (requested, now)
+        copied, reason = -1, f"policy {source} is not another policy of this run"
+        if source != p and 0 <= source < len(self.all_weights):
+            if self.copy_scratch is None:
+                self.copy_scratch = copy.deepcopy(self.model)
+            copied = self.all_weights[source].load_into(self.copy_scratch, -1)  # its latest weights, -1 if none whole
+            if copied < 0:
+                if not last and now - self.copy_pending[1] < PBT_COPY_WAIT_SEC:
+                    return  # pending: tried again before the next batch
+                reason = (f"its weights were being written for {now - self.copy_pending[1]:.1f} s (its learner died "
+                          "writing them?)" if self.all_weights[source].version >= 0 else "it has published no weights")
+        if copied >= 0:
+            self.model.load_state_dict(self.copy_scratch.state_dict())
+            self.appo.optimizer.state = collections.defaultdict(dict)  # moments of other weights: start afresh
+            self._publish(self.version + 1)
+            self.q.report.put(("pbt_copied", p, source, copied, self.version))
+        else:
+            self.q.report.put(("pbt_copy_abandoned", p, source, reason))
+        self.state.copy_requests[p, COPIES_HANDLED] = requested
+        self.copy_pending = None
 
     # --- weights ---
     def _publish(self, version: int) -> None:
@@ -207,8 +265,9 @@ class Learner:
         self.state.learner[self.policy_id, VERSION] = version
 
     def _on_sgd_step(self, version: int) -> None:
-        if self.world.distributed:  # normalizers were updated from each rank's own batch: rank 0's for all
-            distributed.broadcast_state(self.model, buffers_only=True)
+        if PAUSE_AT and getattr(self, "batches", None) is not None and self.batches.full():  # (tests: run's batches)
+            pause("learner_two_batches_out")
+        # (data-parallel: nothing to copy; the gradients were averaged and the normalizers merged every rank's moments)
         if self.sync:  # the actors' weights change at batch boundaries only
             self.version = version
             self.state.beat(self.heartbeat)
@@ -219,15 +278,12 @@ class Learner:
     def collect(self, timeout: float):
         """Take finished slots; once a training batch is complete, copy it out and free its slots.
         Returns the experience dict (storage layout, on the device) or None."""
-        try:
-            taken = self.q.learner.get_many(timeout=timeout, max_messages_to_get=self.trajs_per_batch - len(self.pending))
-        except queue.Empty:
+        taken = self._take(timeout)
+        if not taken:
             return None
-        self.slot_owner[taken] = self.held  # (a replacement gets them again if this learner dies)
         self.pending.extend(int(s) for s in taken)
         if self.cfg.sampler_only:  # benchmark: recycle the slots at once, count the frames, train nothing
-            self.slot_owner[self.pending] = SLOT_FREE
-            self.q.free.put_many(self.pending)
+            self._release(self.pending)
             self.env_steps += len(self.pending) * self.frames_per_traj
             self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
             self.pending = []
@@ -248,10 +304,42 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # the copy must finish before the slots are reused
         if not self.sync:  # (sync modes: slots are fixed; the rollout workers wait for sync_ready instead)
-            freed = slots.tolist()
-            self.slot_owner[freed] = SLOT_FREE
-            self.q.free.put_many(freed)
+            self._release(slots.tolist())
         return experience
+
+    def _take(self, timeout: float) -> list:
+        """Finished trajectories off this policy's queue (up to what the batch lacks; waiting up to `timeout`), marked
+        held by this learner in one move (SharedState.moving): a replacement gets them again if this learner dies, and
+        those it dies taking are found by the runner's census. None while the runner counts slots ([])."""
+        row = self.heartbeat  # (its row of SharedState.moving too)
+        self.moving[row] += 1
+        try:
+            if not self.census[0]:
+                taken = self.q.learner.get_many(timeout=timeout, max_messages_to_get=self.trajs_per_batch - len(self.pending))
+                self.slot_owner[taken] = self.held
+                return taken
+        except queue.Empty:
+            return []
+        finally:
+            self.moving[row] += 1
+        time.sleep(min(timeout, 0.002))  # the census takes milliseconds
+        return []
+
+    def _release(self, slots: list) -> None:
+        """Return the slots of copied-out trajectories to the free list (marked FREE, then put), in one move opened by
+        the store that counts their frames as copied out (SharedState.released): a learner killed at any point takes
+        with it exactly the frames of the batches it copied out and did not train on."""
+        p, frames = self.policy_id, self.released_frames + len(slots) * self.frames_per_traj
+        while True:
+            self.state.released_np[p] = 2 * frames + 1
+            if not self.census[0]:
+                break
+            self.state.released_np[p] = 2 * self.released_frames  # the runner counts slots: not yet
+            time.sleep(0.002)
+        self.released_frames = frames
+        self.slot_owner[slots] = SLOT_FREE
+        self.q.free.put_many(slots)
+        self.state.released_np[p] = 2 * frames
 
     # --- training ---
     def train(self, experience) -> None:
@@ -269,7 +357,9 @@ class Learner:
             self.save()
 
     def train_sync(self, experience) -> None:
-        """hts/ppo: one batch k = one rollout interval of every env (see the module docstring)."""
+        """hts/ppo: one batch k = one rollout interval of every env (see the module docstring). No population updates:
+        these modes train one policy (sf.cfg refuses --num_policies > 1 with them), whose hyperparameters are the
+        configuration's (forced onto a loaded optimizer state in _load_checkpoint)."""
         k = self.sync_batch
         if k == 0:
             self.published[0] = self.version  # the initial (or resumed) weights, published at start
@@ -323,6 +413,7 @@ class Learner:
         if self.sync:
             return self.run_sync()
         batches: queue.Queue = queue.Queue(maxsize=1)
+        self.batches = batches  # (read by a test's pause point only)
         stop = threading.Event()
 
         def batcher():
@@ -372,12 +463,15 @@ class Learner:
     def _ranks_go_on(self, stopping: bool) -> bool:
         """Data-parallel: before a training batch (or at a stop request), the ranks learn whether any of them stops,
         and their summed frame counters (the run's totals, which the runner reports and budgets on)."""
-        collected = float(self.state.worker_frames.sum())
-        stops, trained, collected = distributed.agree([float(stopping), float(self.env_steps), collected])
-        self.state.world_frames[:] = torch.tensor([trained, collected], dtype=torch.float64)
+        collected = int(self.state.worker_frames.sum())
+        stops, trained, collected = distributed.agree([int(stopping), self.env_steps, collected])
+        self.state.beat(self.heartbeat)  # the wait for a slow peer ended: the next beat's wait starts from here
+        self.state.world_frames[:] = torch.tensor([trained, collected], dtype=torch.float64)  # (exact below 2^53)
         return stops == 0
 
     def finish(self) -> None:
+        if self.population:  # the runner's last decisions: in force in the final checkpoint too
+            self.apply_population_updates(last=True)
         self.save(final=True)
         self.q.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps, self.policy_id))
         self.state.learner[self.policy_id, FINISHED] = 1.0

@@ -12,6 +12,8 @@ tensor code (no torch.distributions argument validation): the policy worker call
 """
 from __future__ import annotations
 
+import itertools
+
 import math
 from typing import Sequence
 
@@ -84,7 +86,11 @@ class CategoricalHeads:
                 u = torch.rand_like(lp).clamp_(min=1e-20, max=1.0 - 1e-7)
                 out.append(torch.argmax(lp - torch.log(-torch.log(u)), dim=-1))
             else:  # the first action whose cumulative probability exceeds u
-                cdf = torch.cumsum(lp.exp(), dim=-1)
+                p = lp.exp()
+                if p.device.type == "cpu":
+                    cdf = torch.cumsum(p, dim=-1)
+                else:  # running sums, elementwise: deterministic mode (hts/ppo) refuses torch.cumsum on CUDA floats
+                    cdf = torch.stack(list(itertools.accumulate(p.unbind(-1))), dim=-1)
                 u = noise[..., i:i + 1].to(cdf.dtype) * cdf[..., -1:]
                 out.append((cdf <= u).sum(-1).clamp_(max=lp.shape[-1] - 1))
         return torch.stack(out, dim=-1)

@@ -2,11 +2,12 @@
 and the shared weights that policy workers load).
 
 Only the learner updates them (`update`), from whole training batches, before its forward pass; every
-other process only applies them (`normalize` / `denormalize`).
+other process only applies them (`normalize` / `denormalize`). Data-parallel learners merge every rank's batch moments
+at each update (`gather_moments`, set by sf.distributed.share_normalizer_statistics).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -17,6 +18,11 @@ class RunningMeanStd(nn.Module):
 
     Buffers: `mean`, `var` (float32, `shape`) and `count` (float64 scalar). `normalize(x)` returns
     `clamp((x - mean) / sqrt(var + eps), -clip, clip)`.
+
+    `gather_moments` (None: this process's batch only): a collective taking this process's batch moments
+    `[1 + 2 * numel]` float64 (count, mean, var) and returning every rank's `[world, 1 + 2 * numel]` in rank order;
+    each update then merges them all, in that order, so every rank ends with the union batch's statistics, bit for bit
+    alike. Every rank must then call `update` equally often (with an empty batch too).
     """
 
     def __init__(self, shape, eps: float = 1e-5, clip: Optional[float] = 5.0):
@@ -26,6 +32,7 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float32))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float32))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.gather_moments: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
     @torch.no_grad()
     def update(self, x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> None:
@@ -35,11 +42,29 @@ class RunningMeanStd(nn.Module):
         if valid is not None:
             x = x[valid.reshape(-1).bool()]
         n = x.shape[0]
+        if self.gather_moments is not None:
+            return self._merge_ranks(n, x)
         if n == 0:
             return
         x = x.double()
-        b_mean = x.mean(0)
-        b_var = x.var(0, unbiased=False)
+        self._merge(n, x.mean(0), x.var(0, unbiased=False))
+
+    def _merge_ranks(self, n: int, x: torch.Tensor) -> None:
+        """Merge every rank's moments of its batch `x [n, *shape]`, in rank order (see the class docstring)."""
+        numel = self.mean.numel()
+        mine = torch.zeros(1 + 2 * numel, dtype=torch.float64, device=self.mean.device)  # [count, mean, var]
+        if n:
+            x = x.double()
+            mine[0] = n
+            mine[1:1 + numel] = x.mean(0).reshape(-1)
+            mine[1 + numel:] = x.var(0, unbiased=False).reshape(-1)
+        rows = self.gather_moments(mine)  # [world, 1 + 2 * numel]
+        for r, count in enumerate(rows[:, 0].tolist()):
+            if count > 0:
+                self._merge(int(count), rows[r, 1:1 + numel].view(self.shape), rows[r, 1 + numel:].view(self.shape))
+
+    def _merge(self, n: int, b_mean: torch.Tensor, b_var: torch.Tensor) -> None:
+        """Parallel-Welford merge of a batch of `n` samples with float64 mean and (biased) variance [*shape]."""
         count = self.count.double()
         tot = count + n
         delta = b_mean - self.mean.double()

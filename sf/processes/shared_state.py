@@ -1,4 +1,5 @@
-"""Small shared-memory state every process of a run can read without messages. P = --num_policies.
+"""Small shared-memory state every process of a run can read without messages. P = --num_policies. Every tensor field
+is a view of one shared storage (sf.buffers.packed), so that a process receiving the state gets one file descriptor.
 
     stop            [1]     int64   1 once the runner asked everyone to stop
     worker_frames   [W]     int64   env frames collected by each rollout worker, every agent's steps (FPS is read off these)
@@ -10,8 +11,12 @@
     hyperparams     [P, 3]  float64 per policy: learning rate, entropy coefficient, Adam beta1 (HYPERPARAMS): the
                                     learner applies them before each training batch (population-based training changes
                                     them; without PBT they stay the configuration's)
-    replace_from    [P]     int64   per policy: the policy whose weights its learner should copy (PBT), -1 for none;
-                                    the learner sets it back to -1 once copied
+    replace_from    [P]     int64   per policy: the policy whose weights its learner should copy (PBT): the source of
+                                    the latest copy request (-1 before any); written by the runner only
+    copy_requests   [P, 2]  int64   per policy: weight copies the runner asked for, and those its learner dealt with
+                                    (copied, or abandoned with a warning); requested > handled: a copy is pending (the
+                                    runner writes replace_from before it counts the request: a later request while one
+                                    is pending replaces it, none is lost)
     shaping         [P, K]  float64 per policy: reward-shaping coefficients of the env (K = len(shaping_keys); 0 for envs
                                     without shaping), which rollout workers pass to an agent's env at its episode start
     world_frames    [2]     float64 data-parallel runs (torchrun): env frames trained and collected by all ranks, as the
@@ -30,9 +35,19 @@ Self-healing (a dead process is replaced in place; sf/runner/healing.py):
     epoch_go        [W]     int64   the epoch the rollout worker should work in: set by the runner once no policy worker
                                     is still serving a voided request; the worker then re-sends the requests it awaits
     serving         [Y]     int64   per policy worker: batches begun + batches finished (odd while it serves one)
-    slot_owner      [N]     int32   who holds each trajectory slot (slot_owner_code): a rollout worker (its index), the
-                                    free list, learner p's queue or learner p itself; the runner reclaims a dead
-                                    process's slots from it
+    slot_owner      [N]     int32   where each trajectory slot is (the codes below): with a rollout worker, on the free
+                                    list, on learner p's queue, or with learner p; the runner reclaims a dead process's
+                                    slots from it
+    moving          [X]     int64   per process: odd while it moves slots, i.e. between taking slots off a queue and
+                                    marking them its own, or between marking them for a queue and putting them there
+                                    (the only moments a slot's mark and its place disagree); a process opens a move only
+                                    while `census` is 0, and checks it after opening
+    census          [1]     int64   1 while the runner counts the slots (after a death): no process opens a move, so once
+                                    no live one is inside one, every slot is where its mark says or with a dead process
+    released        [P]     int64   per policy: 2 x the env frames of the trajectories its learner copied out of their
+                                    slots and returned to the free list, + 1 while it returns a batch's slots (that store
+                                    opens the move). Minus the frames trained (learner[p, ENV_STEPS]): the frames a dead
+                                    learner took with it
 """
 from __future__ import annotations
 
@@ -40,10 +55,17 @@ import time
 
 import torch
 
+from sf.buffers.packed import PackedTensors
+
 ENV_STEPS, VERSION, FINISHED = 0, 1, 2
+COPIES_REQUESTED, COPIES_HANDLED = 0, 1  # columns of copy_requests
 HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "adam_beta1")
-# slot_owner codes: >= 0 a rollout worker; FREE on (or on its way to) the free list; queued(p) on (or on its way to)
-# learner p's queue; held(p) taken by learner p (its pending trajectories and the batch it copies out)
+# slot_owner codes: >= 0 with that rollout worker (filling it, or full and not yet marked for a learner); FREE on the free
+# list; queued(p) on learner p's queue; held(p) with learner p (its pending trajectories and the batch it copies out).
+# Who writes them: a rollout worker marks a slot its own after taking it off the free list and queued(p) before putting
+# it on the queue; learner p marks held(p) after taking slots off its queue and FREE before putting them back on the
+# free list. Both inside a move (`moving`): a process killed in one leaves a slot off its queue with the queue's mark,
+# which the runner's census finds (sf/runner/healing.py)
 SLOT_FREE = -1
 
 
@@ -75,24 +97,33 @@ class SharedState:
         self.num_policies, self.shaping_keys = num_policies, tuple(shaping_keys)
         self.num_policy_workers = num_policy_workers
         self._heartbeat_slots = {name: i for i, name in enumerate(names)}
-        self.heartbeats = torch.full((len(names),), time.monotonic(), dtype=torch.float64).share_memory_()
-        self.started = torch.zeros(len(names), dtype=torch.int8).share_memory_()
-        self.stop = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.worker_frames = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
-        self.learner = torch.zeros((num_policies, 3), dtype=torch.float64).share_memory_()
-        self.world_frames = torch.zeros(2, dtype=torch.float64).share_memory_()
-        self.best_metric = torch.zeros((num_policies, 2), dtype=torch.float64).share_memory_()
-        self.sync_ready = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.hyperparams = torch.full((num_policies, len(HYPERPARAMS)), float("nan"), dtype=torch.float64).share_memory_()
-        self.replace_from = torch.full((num_policies,), -1, dtype=torch.int64).share_memory_()
-        self.shaping = torch.zeros((num_policies, len(self.shaping_keys)), dtype=torch.float64).share_memory_()
-        self.epoch = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
-        self.epoch_go = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
-        self.serving = torch.zeros(num_policies * num_policy_workers, dtype=torch.int64).share_memory_()
-        self.slot_owner = torch.full((num_slots,), SLOT_FREE, dtype=torch.int32).share_memory_()
+        self.heartbeats = torch.full((len(names),), time.monotonic(), dtype=torch.float64)
+        self.started = torch.zeros(len(names), dtype=torch.int8)
+        self.stop = torch.zeros(1, dtype=torch.int64)
+        self.worker_frames = torch.zeros(num_workers, dtype=torch.int64)
+        self.learner = torch.zeros((num_policies, 3), dtype=torch.float64)
+        self.world_frames = torch.zeros(2, dtype=torch.float64)
+        self.best_metric = torch.zeros((num_policies, 2), dtype=torch.float64)
+        self.sync_ready = torch.zeros(1, dtype=torch.int64)
+        self.hyperparams = torch.full((num_policies, len(HYPERPARAMS)), float("nan"), dtype=torch.float64)
+        self.replace_from = torch.full((num_policies,), -1, dtype=torch.int64)
+        self.copy_requests = torch.zeros((num_policies, 2), dtype=torch.int64)
+        self.shaping = torch.zeros((num_policies, len(self.shaping_keys)), dtype=torch.float64)
+        self.epoch = torch.zeros(num_workers, dtype=torch.int64)
+        self.epoch_go = torch.zeros(num_workers, dtype=torch.int64)
+        self.serving = torch.zeros(num_policies * num_policy_workers, dtype=torch.int64)
+        self.slot_owner = torch.full((num_slots,), SLOT_FREE, dtype=torch.int32)
+        self.moving = torch.zeros(len(names), dtype=torch.int64)
+        self.census = torch.zeros(1, dtype=torch.int64)
+        self.released = torch.zeros(num_policies, dtype=torch.int64)
+        # every tensor field above, whatever it was allocated as, moves into one shared storage: a process receiving the
+        # state gets one file descriptor however many fields there are (the fork server sends a new process at most
+        # sf.processes.fds.MAX_FDS_SENT)
+        self._packed = PackedTensors({k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor)})
         self._views()
 
     def _views(self) -> None:
+        self.__dict__.update(self._packed.views)  # the tensor fields: views of the packed storage
         # numpy views for the per-step reads and writes of workers: ~0.1 us instead of ~5-10 us of torch indexing
         self._stop_np, self._worker_frames_np = self.stop.numpy(), self.worker_frames.numpy()
         self._heartbeats_np, self._sync_ready_np = self.heartbeats.numpy(), self.sync_ready.numpy()
@@ -100,9 +131,10 @@ class SharedState:
         self.shaping_np = self.shaping.numpy()
         self.epoch_np, self.epoch_go_np = self.epoch.numpy(), self.epoch_go.numpy()
         self.serving_np, self.slot_owner_np = self.serving.numpy(), self.slot_owner.numpy()
+        self.moving_np, self.census_np, self.released_np = self.moving.numpy(), self.census.numpy(), self.released.numpy()
 
-    def __getstate__(self) -> dict:  # views are rebuilt in the receiving process (pickled, they would be copies)
-        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np")}
+    def __getstate__(self) -> dict:  # views are rebuilt in the receiving process (pickled, numpy's would be copies)
+        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np") and k not in self._packed.views}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

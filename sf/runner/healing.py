@@ -6,27 +6,60 @@ What a dead process leaves behind, and how it is made whole (SharedState holds t
   owns; those a dead policy worker had taken would never be answered. `void_requests` bumps the epoch of the rollout
   workers concerned (policy workers drop requests of a voided epoch), `wait_for_policy_workers` waits until no policy
   worker still serves a batch begun before, `release` lets the workers ask again in the new epoch;
-- trajectory slots (SharedState.slot_owner): a dead rollout worker's, full or partly filled, go back to the free list
-  unread (its frames are lost and counted); the slots a dead learner had taken from its queue go back to that queue for
-  its replacement (nothing lost);
+- trajectory slots (SharedState.slot_owner), at once, before the replacement starts: a dead rollout worker's own slots
+  (its agents' partly filled ones, full ones not yet marked for a learner) go back to the free list unread; the slots a
+  dead learner had taken and not copied out go back to its queue for its replacement. A process killed inside a move
+  (SharedState.moving: between a queue operation and the marks that go with it) leaves slots off the queue their mark
+  names. Then the census (`census`) stops every process from opening a move, waits until no live one is inside one,
+  and puts every slot marked FREE or queued(p) that is on no queue on the queue its mark names: trajectories a worker
+  had marked for a learner reach that learner, a slot taken off the free list and not yet marked returns to it, a
+  batch's slots a learner had marked FREE return to the free list;
 - its env engines (adopted by the runner as a subreaper): killed by the runner, their shared memory removed.
+
+Lost frames (faults/lost_frames, the `Faults:` line, each `Restarted` line): env frames (agent steps x frameskip) that
+rollout workers recorded in trajectory slots and that no learner will train on, because the process holding them died.
+Exactly:
+- a rollout worker: the steps in the slots it held: for each agent's current slot, the steps the worker published in
+  env_slots (it publishes each step as it records it); for each of its other slots (a full trajectory not yet marked
+  for a learner), `rollout` steps. (Its frame counter, the FPS, may not have counted the last of them yet.)
+- a learner: the trajectories it copied out of shared memory (their slots returned to the free list) and did not
+  finish training on: SharedState.released / 2 - learner[p, ENV_STEPS], i.e. the batch in training (a batch counts as
+  trained once all its SGD steps are done) and the batch waiting for it;
+- a policy worker: nothing (it holds no slot; the requests it took are asked again and their actions rewritten).
+Not lost: trajectories a worker marked for a learner (on the queue or still inside the move), and those a learner took
+and had not copied out: they are trained on.
+
+What a kill can lose (--rollout T, a worker of A agents, batches of B = batch_size * num_batches_per_epoch samples):
+
+    killed          its slots                                                 env frames lost (x frameskip)
+    rollout worker  own slots to the free list; slots it was moving where     its agents' partial trajectories, and full
+                    their marks say (trajectories marked for a learner        ones not yet marked for a learner: one of
+                    reach it)                                                 each per agent at most, < 2 A T
+    learner         taken, not copied out: back on its queue; slots it was    batches copied out and not trained: 0, B
+                    moving where their marks say                              or 2 B (one training, one waiting)
+    policy worker   none                                                      0
 
 Crash loops: more than --max_restarts_per_hour deaths of one process kind within the last hour end the run.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 import signal
 import time
 from queue import Empty
+from typing import Callable
 
 import numpy as np
 
-from sf.processes.shared_state import SLOT_FREE, slot_held, slot_queued
+from sf.processes.shared_state import ENV_STEPS, SLOT_FREE, learner_name, slot_held, slot_queued
 
 KINDS = ("rollout_worker", "policy_worker", "learner")
 SERVING_WAIT_SEC = 10.0  # a policy worker's batch takes milliseconds; one stuck longer is the stall watchdog's business
+# a move takes microseconds, or up to a queue wait's timeout (0.1 s); a process still inside one after this is stopped or
+# starved of CPU, and the census leaves its slots to the end-of-run audit rather than hold every other process longer
+CENSUS_WAIT_SEC = 5.0
 
 
 def process_kind(name: str) -> str:
@@ -103,28 +136,103 @@ class Healer:
         drain(self.queues.workers[worker])
 
     # --- trajectory slots ---
-    def reclaim_worker_slots(self, worker: int, env_slots: np.ndarray, rollout: int) -> int:
-        """Return every slot a dead rollout worker held to the free list (partly filled or full but not handed to a
-        learner: never read); returns the env frames lost with them. env_slots: [E * A, C] its agents' (slot, t, ...)."""
+    def reclaim_worker_slots(self, worker: int, agent_slots: np.ndarray, rollout: int,
+                             alive: Callable[[], set]) -> Reclaimed:
+        """A dead rollout worker's slots to the free list, unread, their steps counted as lost (module docstring); then
+        the census if it died inside a move. agent_slots: [E * A, C] its row of env_slots, (slot, t, ...) per agent
+        (cleared here: it names slots the worker no longer holds). alive: names of the processes alive now."""
         owner = self.state.slot_owner_np
-        slots = np.flatnonzero(owner == worker)
-        if len(slots) == 0:
-            return 0
-        steps = dict(zip(env_slots[:, 0].tolist(), env_slots[:, 1].tolist()))  # the agents' current slots and steps
-        lost = sum(steps.get(s, rollout) for s in slots.tolist()) * self.frames_per_step
-        owner[slots] = SLOT_FREE
-        self.queues.free.put_many(slots.tolist())
-        return lost
+        slots = np.flatnonzero(owner == worker).tolist()
+        steps = dict(zip(agent_slots[:, 0].tolist(), agent_slots[:, 1].tolist()))  # each agent's current slot and step
+        lost = sum(steps.get(s, rollout) for s in slots) * self.frames_per_step  # any other slot of its is full
+        agent_slots[:, 0] = -1
+        if slots:
+            owner[slots] = SLOT_FREE
+            self.queues.free.put_many(slots)
+        out = Reclaimed(freed=len(slots), lost_frames=lost)
+        self._census_after(f"rollout_worker_{worker}", None, alive, out)
+        return out
 
-    def requeue_learner_slots(self, policy: int) -> int:
-        """Give the trajectories a dead learner had taken from its queue back to that queue (for its replacement);
-        returns how many."""
-        owner = self.state.slot_owner_np
-        slots = np.flatnonzero(owner == slot_held(policy))
-        if len(slots):
-            owner[slots] = slot_queued(policy)
-            self.queues.learner[policy].put_many(slots.tolist())
-        return len(slots)
+    def reclaim_learner_slots(self, policy: int, name: str, alive: Callable[[], set]) -> Reclaimed:
+        """A dead learner's slots: those it took and had not copied out back to its queue, for its replacement; those of
+        a batch it died returning (copied out) to the free list; then the census if it died inside a move. Its lost
+        frames: copied out (SharedState.released) minus trained (learner[p, ENV_STEPS])."""
+        state, owner = self.state, self.state.slot_owner_np
+        trained = int(state.learner[policy, ENV_STEPS])
+        released = int(state.released_np[policy])
+        out = Reclaimed(lost_frames=max(0, released // 2 - trained))
+        held = np.flatnonzero(owner == slot_held(policy)).tolist()
+        if held and released % 2:  # it died returning a copied-out batch: the slots it still held are that batch's
+            owner[held] = SLOT_FREE
+            self.queues.free.put_many(held)
+            out.freed = len(held)
+        elif held:
+            owner[held] = slot_queued(policy)
+            self.queues.learner[policy].put_many(held)
+            out.requeued = len(held)
+        self._census_after(name, policy, alive, out)
+        state.released_np[policy] = 2 * trained  # what it lost is counted; its replacement starts from here
+        return out
+
+    def _census_after(self, name: str, policy: int | None, alive: Callable[[], set], out: Reclaimed) -> None:
+        """The census, if the dead process `name` (the learner of `policy`, if one) died inside a move: SharedState.moving
+        odd, or a learner's `released`. Its moving count is made even again for its replacement."""
+        row = self.state.heartbeat_slot(name)
+        if self.state.moving_np[row] % 2 or (policy is not None and self.state.released_np[policy] % 2):
+            out.mid_move = self.census(alive)
+        self.state.moving_np[row] = 0
+
+    def census(self, alive: Callable[[], set]) -> int | None:
+        """Put every slot that dead processes left inside a move where its mark says: each slot marked FREE or queued(p)
+        and found on no queue goes on the free list or learner p's queue. Stops every process from opening a move
+        (SharedState.census) and waits until none of those alive (names, `alive()`, asked again as it waits) is inside
+        one: then every slot is where its mark says, or with a dead process. Returns how many slots it moved; None if a
+        live process stayed inside a move for CENSUS_WAIT_SEC (nothing moved: the end-of-run audit reports them)."""
+        state = self.state
+        state.census_np[0] = 1
+        try:
+            time.sleep(0.001)  # a move opened before the flag was visible to its process is visible as open by now
+            deadline = time.monotonic() + CENSUS_WAIT_SEC
+            while True:
+                names = alive()
+                rows = [state.heartbeat_slot(n) for n in names]
+                policies = [p for p in range(state.num_policies) if learner_name(p, state.num_policies) in names]
+                if not (state.moving_np[rows] % 2).any() and not (state.released_np[policies] % 2).any():
+                    break
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.001)
+            places = drain_places(self.queues)
+            moved = 0
+            for code, slots in places.items():  # marked for a place, on no queue: put there
+                missing = np.setdiff1d(np.flatnonzero(state.slot_owner_np == code), slots).tolist()
+                slots += missing
+                moved += len(missing)
+            put_places(self.queues, places)
+            return moved
+        finally:
+            state.census_np[0] = 0
+
+
+@dataclasses.dataclass
+class Reclaimed:
+    """What became of a dead process's trajectory slots."""
+    freed: int = 0  # its own slots (or a copied-out batch's), back on the free list unread
+    requeued: int = 0  # trajectories a dead learner took and had not copied out, back on its queue
+    mid_move: int | None = 0  # slots found off the queue their mark names, put there; None: census gave up
+    lost_frames: int = 0  # env frames lost with it (module docstring)
+
+    def describe(self) -> str:
+        """'slots: 4 freed, 4 it was moving put where their marks say; ' (empty when there were none)."""
+        parts = [f"{self.freed} freed"] if self.freed else []
+        if self.requeued:
+            parts.append(f"{self.requeued} queued again for the replacement")
+        if self.mid_move:
+            parts.append(f"{self.mid_move} it was moving put where their marks say")
+        if self.mid_move is None:
+            parts.append(f"those it was moving not counted (a live process stayed inside a move for "
+                         f"{CENSUS_WAIT_SEC:g} s: the end-of-run audit reports them)")
+        return f"slots: {', '.join(parts)}; " if parts else ""
 
 
 def drain(queue) -> list[int]:
@@ -137,25 +245,36 @@ def drain(queue) -> list[int]:
             return out
 
 
+def drain_places(queues) -> dict[int, list[int]]:
+    """Every slot on the free list and the learner queues now, taken off them: {slot_owner code of the place: slots}."""
+    return {SLOT_FREE: drain(queues.free), **{slot_queued(p): drain(q) for p, q in enumerate(queues.learner)}}
+
+
+def put_places(queues, places: dict[int, list[int]]) -> None:
+    """Put slots back (drain_places' form), each list on its queue in its order."""
+    for code, slots in places.items():
+        if slots:
+            (queues.free if code == SLOT_FREE else queues.learner[slot_queued(0) - code]).put_many(slots)
+
+
 def audit_slots(state, queues, num_slots: int) -> str:
     """After every process stopped: every slot is exactly once on the free list, on its learner's queue, or held by
     a rollout worker or learner (SharedState.slot_owner). Empties the queues it reads. Returns a one-line verdict."""
     owner = state.slot_owner_np
     seen = collections.Counter()
     problems = []
-    for where, expected, slots in [("free list", SLOT_FREE, drain(queues.free)),
-                                   *[(f"learner {p}'s queue", slot_queued(p), drain(q))
-                                     for p, q in enumerate(queues.learner)]]:
+    for code, slots in drain_places(queues).items():
         seen.update(slots)
-        wrong = [s for s in slots if owner[s] != expected]
+        wrong = [s for s in slots if owner[s] != code]
         if wrong:
+            where = "free list" if code == SLOT_FREE else f"learner {slot_queued(0) - code}'s queue"
             problems.append(f"{len(wrong)} on the {where} marked elsewhere")
     queued = {SLOT_FREE, *(slot_queued(p) for p in range(len(queues.learner)))}
     missing = [s for s in range(num_slots) if owner[s] in queued and s not in seen]
     duplicated = [s for s, n in seen.items() if n > 1]
     held = num_slots - sum(seen.values())
     if missing:
-        problems.append(f"{len(missing)} lost (marked queued, on no queue: killed between the two)")
+        problems.append(f"{len(missing)} lost (marked for a queue, on none: left inside a move)")
     if duplicated:
         problems.append(f"{len(duplicated)} duplicated")
     verdict = "; ".join(problems) if problems else "every slot accounted for exactly once"

@@ -259,6 +259,15 @@ class PopulationBasedTraining:
             raise ValueError(f"PBT: policy must be in [0, {self.num_policies}), got {policy!r}")
         return int(policy)
 
+    def set_all(self, name: str, value: float) -> list[float]:
+        """Give every policy `value` for hyperparameter `name` (a value the user set on resume); returns the old ones."""
+        if name not in self._names or not _is_number(value) or not math.isfinite(value):
+            raise ValueError(f"PBT: cannot set hyperparameter {name!r} to {value!r}")
+        old = [h[name] for h in self._hyper]
+        for h in self._hyper:
+            h[name] = float(value)
+        return old
+
     # ---- decisions
     def update(self, policy_id: int, env_steps: int, objectives: Sequence[float]) -> list[PbtDecision]:
         """Policy `policy_id` has trained on `env_steps` env frames; `objectives`: every policy's current objective

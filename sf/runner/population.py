@@ -4,11 +4,23 @@
                  rate where the env reports wins, i.e. self-play, else the game score where reported, else the reward)
     decisions    taken when a policy's learner crossed its next --pbt_period_env_steps boundary; applied through shared
                  memory: hyperparameters -> SharedState.hyperparams (learners) and .shaping (rollout workers, at each
-                 agent's next episode start); a weight copy -> SharedState.replace_from (the learner copies the source's
-                 published weights before its next training batch)
+                 agent's next episode start); a weight copy -> SharedState.replace_from and one more request counted
+                 in .copy_requests (the learner copies the source's published weights before its next training batch,
+                 retries while they cannot be read whole, reports the copy or, after a few seconds, abandons it with a
+                 warning; a second copy decided for the same policy while one is pending replaces it)
     records      every decision is a console line, a TensorBoard text (pbt/decisions) and p{i}/pbt/<name> scalars, and
                  the whole state (hyperparameters, schedule, random generator, history) is written atomically to
                  train_dir/EXPERIMENT/pbt_state.json after each decision and at the end: a resumed run continues it
+
+Hyperparameters in force (the one rule, for every mode; what config.json and pbt_state.json record is what trains):
+    - without PBT, and those PBT does not mutate (adam_beta2, adam_eps) with it: the configuration's, as config.json
+      records them (flag > saved config.json > preset, sf/cfg.py). A resumed learner forces them onto the optimizer
+      state it loads (that state holds the values of the run that saved it).
+    - PBT's mutable ones (learning_rate, exploration_loss_coeff, adam_beta1, reward shaping): each policy's own, as
+      pbt_state.json records them (a fresh run: the configuration's for every policy). A flag given on the command line
+      of a resumed run sets that hyperparameter of every policy (one console line; pbt_state.json records it). The
+      learners apply them from SharedState.hyperparams before their first training batch, and the final checkpoint
+      holds the last decision's values.
 """
 from __future__ import annotations
 
@@ -20,7 +32,7 @@ from pathlib import Path
 import torch
 
 from sf.cfg import ConfigError, RunError, write_json_atomic
-from sf.processes.shared_state import ENV_STEPS, HYPERPARAMS
+from sf.processes.shared_state import COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, HYPERPARAMS
 from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
 from sf.seeding import PBT, run_seed, stream_seed
 
@@ -40,6 +52,17 @@ def fill_shared(state, hyper: list[dict]) -> None:
         state.hyperparams[p] = torch.tensor([h[k] for k in HYPERPARAMS], dtype=torch.float64)
         if state.shaping_keys:
             state.shaping[p] = torch.tensor([h[k] for k in state.shaping_keys], dtype=torch.float64)
+
+
+def request_copy(state, policy: int, source: int) -> None:
+    """Ask `policy`'s learner to copy `source`'s weights: the source first, then the request counted (the learner reads
+    the count, then the source). A copy still pending is replaced: the learner copies the latest source."""
+    pending = int(state.copy_requests[policy, COPIES_REQUESTED]) > int(state.copy_requests[policy, COPIES_HANDLED])
+    if pending:
+        log.info("PBT: policy %d's copy of policy %d is still pending: it copies policy %d instead", policy,
+                 int(state.replace_from[policy]), source)
+    state.replace_from[policy] = source
+    state.copy_requests[policy, COPIES_REQUESTED] += 1
 
 
 class PopulationControl:
@@ -62,6 +85,17 @@ class PopulationControl:
             except ValueError as e:  # malformed JSON or a state of another population
                 raise ConfigError(f"{self.path}: {' '.join(str(e).split())} (move it aside to start PBT afresh)") from None
             self.resumed = True
+            self._apply_flags(getattr(cfg, "_explicit", frozenset()))
+
+    def _apply_flags(self, given) -> None:
+        """A resumed run: a mutable hyperparameter given as a flag (`given`: the parameters on the command line) is
+        every policy's from now on, over pbt_state.json's values."""
+        for spec in self.pbt.specs:
+            if spec.name in given:
+                value = float(getattr(self.cfg, spec.name))
+                old = self.pbt.set_all(spec.name, value)
+                log.info("PBT: --%s %g given: every policy's %s from now on (%s had %s)", spec.name, value, spec.name,
+                         self.path.name, ", ".join(f"{v:.4g}" for v in old))
 
     def hyperparams(self) -> list[dict]:
         return [self.pbt.hyperparams(p) for p in range(self.cfg.num_policies)]
@@ -81,6 +115,7 @@ class PopulationControl:
         """Decide for every policy whose learner crossed a boundary; apply, log and record the decisions."""
         objectives = None
         decided = False
+        copies = []
         for p in range(self.cfg.num_policies):
             env_steps = int(state.learner[p, ENV_STEPS])
             if env_steps < max(self.pbt.next_update[p], self.cfg.pbt_start_mutation):
@@ -91,10 +126,12 @@ class PopulationControl:
                 log.info("%s", d.line())
                 stats.texts.append(("pbt/decisions", d.line()))
                 if d.kind == "replace":
-                    state.replace_from[d.policy] = d.source
+                    copies.append((d.policy, d.source))
         if decided:
             hyper = self.hyperparams()
-            fill_shared(state, hyper)
+            fill_shared(state, hyper)  # first: the learner applies them with the copy, before the same batch
+            for p, source in copies:
+                request_copy(state, p, source)
             self.record(stats, hyper)
             self.save()
 

@@ -40,15 +40,18 @@ from sf.learning.checkpoint import CheckpointError, CheckpointManager, check_com
 from sf.learning.learner import Learner, checkpoint_meta, learner_threads, run_learner
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.control import add_leftover_hook, become_subreaper, kill_tree, limit_threads
-from sf.processes.shared_state import FINISHED, SharedState, learner_name, policy_worker_name
+from sf.processes.fds import MAX_FDS_SENT, fds_sent
+from sf.processes.shared_state import FINISHED, VERSION, SharedState, learner_name, policy_worker_name
 from sf.runner import tracking
-from sf.runner.healing import Healer, audit_slots, exit_cause, process_kind
+from sf.runner.experiment_lock import ExperimentLock, run_holding
+from sf.runner.healing import Healer, Reclaimed, audit_slots, exit_cause, process_kind
 from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams
 from sf.runner.stats import RunStats, format_duration, progress_bar
 from sf.runner.supervision import (LOG_DATEFMT, LOG_FORMAT, TRACE_LOG, Silence, child_main, kill_adopted, read_stack,
                                    worker_context)
 from sf.sampling.policy_worker import PolicyWorker, run_policy_worker
 from sf.sampling.rollout_worker import RolloutWorker, run_rollout_worker
+from sf.seeding import rank_seed
 from sf_envs.registry import env_spec, make_env, process_leftover_files
 
 log = logging.getLogger("sf")
@@ -66,26 +69,40 @@ STARTUP_STALL_SEC = 60.0
 # (computing without a beat: a long step, or a loop that never ends) gets up to BUSY_GRACE x the timeout; one that
 # did not run (starved by other work) is left alone, with a warning: killing it would not give it a CPU
 BUSY_SHARE, BUSY_GRACE = 0.25, 6.0
+# A data-parallel learner blocked in a collective waits for a slow peer up to --distributed_timeout_sec (at start, in the
+# rendezvous, up to twice that: its store client retries once); then the collective raises and the learner stops the run
+# itself. It is stuck only this long after that
+PEER_WAIT_GRACE_SEC = 30.0
 STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are killed after it (budget: 10 s)
 
 
 def run_training(cfg) -> int:
-    """train.py's body. Every check runs first (the env, the model, the checkpoint to resume, memory); only then is
-    anything on disk touched: the experiment directory, config.json (atomically), the log, the run."""
+    """train.py's body. Every check runs first (the env, the model, the checkpoint to resume, memory); then the
+    experiment's lock is taken (another run of it: refused); only then is anything on disk touched: the experiment
+    directory, config.json (atomically), the log, the run. A resumed experiment whose budget is reached already
+    touches nothing at all."""
     early = setup_logging()  # the checks' warnings reach the console now and the log file once it exists
     report_background_errors()
     world = data_parallel_world(cfg)
     runner = Runner(cfg, world)
     if world.rank > 0:  # the experiment directory is rank 0's: this rank logs to the console only
         logging.getLogger().removeHandler(early)
-        return runner.run()
-    exp_dir = prepare_experiment_dir(cfg)
-    save_cfg(cfg, exp_dir)
+        return runner.nothing_to_train() if runner.already_trained() else runner.run()
+    # One run per experiment (sf/runner/experiment_lock.py): taken before anything of it is moved, deleted or written,
+    # held until the run and its learners end; a second runner is refused in one line (exit code 2)
+    runner.lock = ExperimentLock.acquire(cfg.train_dir, cfg.experiment)
     try:
-        setup_logging(exp_dir, early)
-    except OSError as e:
-        raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
-    return runner.run()
+        if runner.already_trained():  # (read before the lock: a run that ended since only trained more)
+            return runner.nothing_to_train()
+        exp_dir = prepare_experiment_dir(cfg)
+        save_cfg(cfg, exp_dir)
+        try:
+            setup_logging(exp_dir, early)
+        except OSError as e:
+            raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
+        return runner.run()
+    finally:  # (a process of the run that could not be killed still holds it: its file stays, locked)
+        runner.lock.release(remove=not any(p.is_alive() for p in getattr(runner, "procs", {}).values()))
 
 
 def data_parallel_world(cfg) -> distributed.World:
@@ -106,8 +123,7 @@ def data_parallel_world(cfg) -> distributed.World:
     cores = sorted(os.sched_getaffinity(0))
     if world.local_world_size > 1 and len(cores) >= world.local_world_size:
         os.sched_setaffinity(0, cores[world.local_rank::world.local_world_size])  # inherited by every process started
-    if world.rank > 0:
-        cfg.seed = (cfg.seed + 1_000_003 * world.rank) & 0x7FFFFFFF
+    cfg.seed = rank_seed(cfg.seed, world.rank)  # past rank 0, streams of its own (sf.seeding)
     log.info("Data-parallel rank %d of %d (local rank %d of %d, cores %s), learners' group at %s:%d; --batch_size %d "
              "per rank", world.rank, world.world_size, world.local_rank, world.local_world_size,
              ",".join(map(str, sorted(os.sched_getaffinity(0)))), world.master_addr, world.master_port, cfg.batch_size)
@@ -229,9 +245,10 @@ def _uss(process) -> int:
 
 # Private memory of one worker process forked from the fork server (torch and the envs' modules are shared with it),
 # with a margin: measured on the 2-core VM with doom_battle, a rollout worker 13 MiB (USS; 43 MiB PSS), a policy worker
-# 41 MiB. The learner's activations and batches come on top (~1 GiB measured with the paper's model and batch 2048).
+# 41 MiB. The learner's activations and batches come on top, in proportion to the samples of an SGD step (~1 GiB
+# measured with the paper's model and batch 2048: a population of small models is not refused for 1 GiB per learner).
 WORKER_PROCESS_BYTES = 80 * 2**20
-LEARNER_WORKSPACE_BYTES = 2**30
+LEARNER_WORKSPACE_BYTES, LEARNER_WORKSPACE_BATCH = 2**30, 2048
 # Copies of the model's parameters the learner holds: the model, its gradients, Adam's two moments, the shared copy
 # the policy workers read (each policy worker holds one more).
 LEARNER_MODEL_COPIES = 5
@@ -246,7 +263,8 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int) -> No
     parts = {
         "trajectory buffers": buffer_bytes,
         f"{num_envs} envs": num_envs * env_bytes,
-        f"{processes} processes": processes * WORKER_PROCESS_BYTES + policies * LEARNER_WORKSPACE_BYTES,
+        f"{processes} processes": processes * WORKER_PROCESS_BYTES
+        + policies * LEARNER_WORKSPACE_BYTES * cfg.batch_size // LEARNER_WORKSPACE_BATCH,
         "model copies": model_bytes * policies * (LEARNER_MODEL_COPIES + cfg.policy_workers_per_policy),
     }
     need, have = sum(parts.values()), psutil.virtual_memory().available
@@ -297,7 +315,9 @@ class Runner:
                                                            self.rnn_state_size)
         model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         check_memory(cfg, self.buffer_bytes, model_bytes, env_bytes)
+        self.resumed: list[tuple[int, int]] = [(0, 0)] * self.num_policies  # each policy's checkpoint: (version, frames)
         self.check_checkpoint()
+        self.lock = None  # the experiment's lock (rank 0; run_training takes it): its learners hold it too
         # PBT's state: a resumed run's pbt_state.json is read (and checked) here, written only once the run started
         self.population = PopulationControl(cfg, self.exp_dir, self.shaping) if self._with_pbt() else None
 
@@ -311,6 +331,7 @@ class Runner:
                 state = manager.load("latest")
                 if state is not None:
                     check_compatible(state["meta"], self.meta, state.get("path", self.exp_dir / f"checkpoint_p{p}"))
+                    self.resumed[p] = (int(state["policy_version"]), int(state["env_steps"]))
                     ranks = int(state.get("world_size", 1))
                     if ranks != self.world.world_size:
                         raise CheckpointError(
@@ -319,6 +340,27 @@ class Runner:
                             f"--nproc-per-node = {ranks}), or start a new experiment")
         except CheckpointError as e:
             raise ConfigError(str(e)) from None
+
+    def already_trained(self) -> bool:
+        """A resumed experiment whose checkpoints reached --train_for_env_steps already (every policy's; with torchrun,
+        all ranks' frames together, each rank having trained as many as rank 0's checkpoint records)."""
+        trained = self.world.world_size * min(steps for _, steps in self.resumed)
+        return self.cfg.restart_behavior == "resume" and trained >= self.cfg.train_for_env_steps
+
+    def nothing_to_train(self) -> int:
+        """A finished experiment resumed with the same budget: start nothing, write nothing (no checkpoint re-saved, no
+        best relabelled, no config.json, log or event file); say so with the experiment's counters. Exit code 0."""
+        if self.num_policies > 1:
+            counters = (f"policy versions {', '.join(str(v) for v, _ in self.resumed)}; env frames "
+                        f"{', '.join(str(f) for _, f in self.resumed)}")
+        else:
+            version, frames = self.resumed[0]
+            counters = f"policy version {version}, {frames} env frames" + (
+                f" per rank, {self.world.world_size} ranks" if self.world.distributed else "")
+        log.info("Done: nothing to train: the experiment reached --train_for_env_steps %d already (%s); raise "
+                 "--train_for_env_steps to train on. Nothing was written. Checkpoints: %s", self.cfg.train_for_env_steps,
+                 counters, self.exp_dir / ("checkpoint_p*" if self.num_policies > 1 else "checkpoint_p0"))
+        return 0
 
     def _with_pbt(self) -> bool:
         return bool(self.cfg.with_pbt) and self.num_policies > 1
@@ -346,7 +388,8 @@ class Runner:
         )
         if cfg.sync_mode == "async":  # (hts/ppo: fixed slots, no free list)
             self.queues.free.put_many(list(range(num_slots)))
-        self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip, sync_mode=cfg.sync_mode, num_policies=P)
+        self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip, sync_mode=cfg.sync_mode, num_policies=P,
+                              resumed=self.resumed)
         self.stats.enabled = self.world.rank == 0  # rank 0 writes TensorBoard
         self.world_report = (time.time(), 0.0)  # data-parallel: (time, collected frames of all ranks) at the last report
         hyper = self.population.hyperparams() if self.population else [initial_hyperparams(cfg, self.shaping)] * P
@@ -402,15 +445,26 @@ class Runner:
 
     # --- processes ---
     def _start(self, name: str, target, *args, unwind: bool = False) -> None:
-        p = self.context.Process(target=child_main, args=(name, self.queues.report, os.getpid(), unwind, target, *args),
-                                 name=name, daemon=False)
+        """Start process `name` from the fork server. A start the system refuses (the fork server's limit on file
+        descriptors, no memory or process slot left for a fork, the fork server gone) raises RunError, one line; run()
+        then stops what was started."""
+        args = (name, self.queues.report, os.getpid(), unwind, target, *args)
+        p = self.context.Process(target=child_main, args=args, name=name, daemon=False)
         self.state.set_started(self.state.heartbeat_slot(name), False)  # its start-up counts toward a (longer) stall
-        p.start()
+        try:
+            p.start()
+        except (OSError, ValueError, EOFError) as e:  # EOFError: the fork server died (its fork failed)
+            fds = fds_sent(args)
+            cause = (f"its arguments carry {fds} file descriptors, the fork server passes at most {MAX_FDS_SENT}"
+                     if fds > MAX_FDS_SENT else str(e) or type(e).__name__)
+            raise RunError(f"cannot start {name}: {cause}") from None
         self.procs[name] = p
         log.info("Started %s (pid %d)", name, p.pid)
 
-    def start_processes(self) -> None:
-        self.context = worker_context(self.env_modules)
+    def start_processes(self, context=None) -> None:
+        """Start the learners, the policy workers, the rollout workers; from `context`, a multiprocessing context
+        (default: the fork server's, worker_context)."""
+        self.context = context or worker_context(self.env_modules)
         self.own_children = {c.pid for c in psutil.Process().children()}  # the fork server and multiprocessing's helpers
         for p in range(self.num_policies):
             self._start_learner(p)
@@ -422,9 +476,11 @@ class Runner:
 
     def _start_learner(self, p: int, replacement: bool = False) -> str:
         name = learner_name(p, self.num_policies)
-        self._start(name, run_learner, self.cfg, self.obs_space, self.action_space, self.buffers, self.learner_queues(p),
-                    self.weights[p], self.state, self.device, self.exp_dir, self.spec.frameskip, self.num_agents, p,
-                    self.weights, replacement)
+        # the learner writes the checkpoints: it holds the experiment's lock too (its descriptor, passed on), so the
+        # lock outlives a killed runner until the learner is gone as well
+        self._start(name, run_holding, self.lock, run_learner, self.cfg, self.obs_space, self.action_space, self.buffers,
+                    self.learner_queues(p), self.weights[p], self.state, self.device, self.exp_dir, self.spec.frameskip,
+                    self.num_agents, p, self.weights, replacement)
         return name
 
     def _start_policy_worker(self, p: int, i: int) -> str:
@@ -472,7 +528,8 @@ class Runner:
             self.state.request_stop()
             return
         proc.join(timeout=1.0)
-        lost, W = 0, self.cfg.num_workers
+        slots, W = Reclaimed(), self.cfg.num_workers
+        alive = lambda: {n for n, q in self.procs.items() if q.is_alive()}  # noqa: E731
         serving = lambda: [self.state.serving_index(*self._policy_worker_of(n))  # noqa: E731
                            for n, q in self.procs.items() if process_kind(n) == "policy_worker" and q.is_alive()]
         if kind == "rollout_worker":
@@ -482,7 +539,7 @@ class Runner:
             if not heal.wait_for_policy_workers(serving()):
                 log.warning("a policy worker is still serving requests of %s; reusing its slots anyway", name)
             heal.drop_replies(w)
-            lost = heal.reclaim_worker_slots(w, self.env_slots[w].numpy(), self.cfg.rollout)
+            slots = heal.reclaim_worker_slots(w, self.env_slots[w].numpy(), self.cfg.rollout, alive)
             heal.release([w])
             new = self._start_rollout_worker(w)
         elif kind == "policy_worker":
@@ -495,11 +552,12 @@ class Runner:
             new = self._start_policy_worker(p, i)
         else:
             p = int(name[len("learner_p"):]) if name.startswith("learner_p") else 0
-            heal.requeue_learner_slots(p)
+            slots = heal.reclaim_learner_slots(p, name, alive)
             new = self._start_learner(p, replacement=True)
-        count = heal.record(kind, lost)
-        log.warning("Restarted %s (pid %d) after it %s: restart %d of %ss this hour (--max_restarts_per_hour %d); %d env "
-                    "frames lost", new, self.procs[new].pid, cause, count, kind.replace("_", " "), heal.max_per_hour, lost)
+        count = heal.record(kind, slots.lost_frames)
+        log.warning("Restarted %s (pid %d) after it %s: restart %d of %ss this hour (--max_restarts_per_hour %d); %s%d "
+                    "env frames lost", new, self.procs[new].pid, cause, count, kind.replace("_", " "), heal.max_per_hour,
+                    slots.describe(), slots.lost_frames)
         self.stats.faults = self.healer.scalars()
 
     def _policy_worker_of(self, name: str) -> tuple[int, int]:
@@ -531,6 +589,12 @@ class Runner:
             silence.sample()
             # a process still starting gets longer, unless it is stopped: no start-up is that slow
             limit = timeout if self.state.has_started(name) or silence.stopped else max(timeout, STARTUP_STALL_SEC)
+            allowed = "starting"
+            if self.world.distributed and process_kind(name) == "learner" and not silence.stopped:
+                waits = 1 if self.state.has_started(name) else 2
+                peers = self.cfg.distributed_timeout_sec * waits + PEER_WAIT_GRACE_SEC
+                if peers > limit:
+                    limit, allowed = peers, "a data-parallel learner waiting for the other ranks"
             if idle > limit and p.is_alive():
                 runnable, ran = silence.shares(idle)
                 if runnable > BUSY_SHARE and ran < BUSY_SHARE and not silence.stopped:
@@ -545,7 +609,7 @@ class Runner:
                     continue  # computing without a beat: a long step, maybe
                 self._drain_reports()  # the stack file of a process that only just started
                 healing = self.healing and self.learner_ready
-                why = f"--stall_timeout_sec {timeout:g}" if limit == timeout else f"starting: {limit:g} s allowed"
+                why = f"--stall_timeout_sec {timeout:g}" if limit == timeout else f"{allowed}: {limit:g} s allowed"
                 if busy:
                     why += f", {BUSY_GRACE:g}x for a process that computes"
                 log.error("%s gave no sign of life for %.0f s (%s): it is stuck; %s. %s. Its stack:\n%s", name, idle,
@@ -585,9 +649,14 @@ class Runner:
                 elif kind == "final_weights":
                     who = f"policy {msg[4]}, " if self.num_policies > 1 else "policy "
                     log.info("Final weights sha256: %s (%sversion %d, %d env frames)", msg[1], who, msg[2], msg[3])
-                elif kind == "pbt_copied":
-                    log.info("PBT: policy %d now plays with the weights of policy %d (policy version %d)", msg[1],
-                             msg[2], msg[3])
+                elif kind == "pbt_copied":  # (policy, source, the source's version copied, the policy's new version)
+                    log.info("PBT: policy %d now plays with the weights of policy %d (its version %d), as policy "
+                             "version %d", *msg[1:5])
+                elif kind == "pbt_copy_abandoned":  # (policy, source, why)
+                    line = (f"PBT: policy {msg[1]} could not copy the weights of policy {msg[2]}: {msg[3]}; it keeps its "
+                            "own weights, with the hyperparameters PBT gave it")
+                    log.warning("%s", line)
+                    self.stats.texts.append(("pbt/decisions", line))
                 elif kind == "error":
                     self._crashed(msg[1], msg[2], fatal=msg[3] if len(msg) > 3 else True)
 
@@ -684,22 +753,25 @@ class Runner:
             if self.stats.tracker is not None:
                 self.stats.tracker.finish(self.exit_code)
             self.close_queues()
-        frames, wall = sum(self.state.policy_env_steps()), time.time() - start
+        # the experiment's counters (a learner that never started leaves its checkpoint's), this run's time and rate
+        frames = sum(max(now, before) for now, (_, before) in zip(self.state.policy_env_steps(), self.resumed))
+        versions = [max(p.version, int(self.state.learner[i, VERSION])) for i, p in enumerate(self.stats.policies)]
+        wall = time.time() - start
         rate = (frames - self.stats.start_frames) / max(wall, 1e-9)
         if self.world.distributed:
             log.info("Done (rank %d of %d): %d env frames in %s (%.0f frames/s), policy version %d; all ranks: %d env "
                      "frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall), rate,
-                     self.stats.version, self.trained_frames(),
+                     versions[0], max(self.trained_frames(), self.world.world_size * frames),
                      f"Checkpoints: {self.exp_dir / 'checkpoint_p0'}; TensorBoard: tensorboard --logdir "
                      f"{self.exp_dir.parent}" if self.world.rank == 0 else "(rank 0 writes the checkpoints)")
         elif self.num_policies == 1:
             log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. Checkpoints: %s; TensorBoard: "
-                     "tensorboard --logdir %s", frames, format_duration(wall), rate, self.stats.version,
+                     "tensorboard --logdir %s", frames, format_duration(wall), rate, versions[0],
                      self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
         else:
-            versions = ", ".join(str(p.version) for p in self.stats.policies)
             log.info("Done: %d env frames (all policies) in %s (%.0f frames/s), policy versions %s. Checkpoints: %s; "
-                     "TensorBoard: tensorboard --logdir %s", frames, format_duration(wall), rate, versions,
+                     "TensorBoard: tensorboard --logdir %s", frames, format_duration(wall), rate,
+                     ", ".join(map(str, versions)),
                      self.exp_dir / "checkpoint_p*", self.exp_dir.parent)
         return self.exit_code
 

@@ -30,7 +30,9 @@ TRAIN_KEYS = ("policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fra
 class PolicyStats:
     """What one policy's learner and episodes report."""
 
-    def __init__(self, stats_avg: int, start_frames: int = 0):
+    def __init__(self, stats_avg: int, version: int = 0, env_steps: int = 0):
+        """version, env_steps: where a resumed run starts (its checkpoint's): what the console shows until the learner
+        reports a training batch, so that a run that trains nothing shows the experiment's counters, not zeros."""
         self.lag_batches = float("nan")  # hts/ppo: policy lag in training batches of the last batch
         self.lag_batches_unwritten: list[float] = []  # ... and of every batch since the last summary
         self.episodes: dict[str, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=stats_avg))
@@ -38,7 +40,7 @@ class PolicyStats:
         self.train_stats: list[dict] = []  # SGD steps since the last summary
         self.last_train: dict = {}
         self.lag = {"min": float("nan"), "avg": float("nan"), "max": float("nan")}
-        self.version, self.learner_env_steps = 0, start_frames
+        self.version, self.learner_env_steps = version, env_steps
         self.hyperparams: dict[str, float] = {}  # PBT: the values in force, written as p{i}/pbt/<name>
 
     def add_episodes(self, episodes: list[dict]) -> None:
@@ -86,12 +88,15 @@ class PolicyStats:
 
 
 class RunStats:
-    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, start_frames: int = 0, sync_mode: str = "async",
-                 num_policies: int = 1):
+    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, sync_mode: str = "async", num_policies: int = 1,
+                 resumed: list[tuple[int, int]] | None = None):
+        """resumed: (policy version, env frames) of each policy's checkpoint that a resumed run starts from (the
+        experiment's counters: the console's total frames and versions go on from them)."""
         self.frameskip, self.sync_mode = frameskip, sync_mode
         self.frames_history: collections.deque = collections.deque(maxlen=4000)  # (time, total frames)
-        self.start_frames = start_frames
-        self.policies = [PolicyStats(stats_avg, start_frames) for _ in range(num_policies)]
+        resumed = resumed or [(0, 0)] * num_policies
+        self.start_frames = sum(steps for _, steps in resumed)  # frames trained before this run (all policies)
+        self.policies = [PolicyStats(stats_avg, version, steps) for version, steps in resumed]
         self.memory: dict[str, float] = {}
         self.faults: dict[str, float] = {}  # restarts per process kind, env frames lost (self-healing)
         self.texts: list[tuple[str, str]] = []  # (tag, text) to write with the next summary (PBT decisions)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sf.seeding import POLICY_GROUPS, stream_seed
 
 MODES = ("random", "groups", "fixed")
 
@@ -38,8 +39,8 @@ class PolicyMapping:
                  mix_in_one_env: bool = True, first_global_env: int = 0, seed: int | None = None,
                  envs_per_group: int = 1, shared_seed: int = 0):
         """first_global_env: global index of this worker's env 0 (fixed, groups); seed: of this worker's random draws
-        (random); envs_per_group: envs of one inference group (groups); shared_seed: the run's, the same in every
-        worker, of the permutations (groups)."""
+        (random); envs_per_group: envs of one inference group (groups); shared_seed: the run's seed, the same in every
+        worker: draw r's permutation comes from its stream POLICY_GROUPS r (groups)."""
         if mode not in MODES:
             raise ValueError(f"policy mapping mode must be one of {', '.join(map(repr, MODES))} (got {mode!r})")
         self.num_policies, self.num_agents, self.mode = num_policies, num_agents, mode
@@ -75,7 +76,8 @@ class PolicyMapping:
             self.episode_starts[group] = starts + 1
             r = starts // (self.envs_per_group * self.resample_episodes)
             if self.perm[0] != r:  # (groups drift apart by a draw or so: one cached, any other drawn again, same bits)
-                self.perm = (r, np.random.default_rng([self.shared_seed, r]).permutation(self.num_policies))
+                rng = np.random.default_rng(stream_seed(self.shared_seed, POLICY_GROUPS, r))
+                self.perm = (r, rng.permutation(self.num_policies))
             agents = np.arange(self.num_agents)
             positions = group * self.num_agents + agents if self.mix else np.full_like(agents, group)
             self.env_policies[env] = self.perm[1][positions % self.num_policies].tolist()

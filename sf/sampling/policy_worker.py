@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from sf.model.actor_critic import create_actor_critic
-from sf.seeding import POLICY_WORKER, deterministic_kernels, policy_stream, run_seed, stream_seed
+from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
 
 
 class PolicyWorker:
@@ -44,8 +44,8 @@ class PolicyWorker:
         self.population = getattr(cfg, "num_policies", 1) > 1 and env_slots.shape[-1] > 2
         self.sync = getattr(cfg, "sync_mode", "async") != "async"
         self.chunk = getattr(cfg, "sync_inference_chunk", 8)
-        index = policy_stream(policy_id, worker_idx)
-        torch.manual_seed(stream_seed(run_seed(cfg), POLICY_WORKER, *index))  # action sampling in async mode
+        seed = stream_seed(run_seed(cfg), POLICY_WORKER, policy_id, worker_idx)
+        torch.manual_seed(seed)  # action sampling in async mode
         if self.sync:
             deterministic_kernels(device)
         self.shared_weights, self.device = shared_weights, torch.device(device)
@@ -81,7 +81,7 @@ class PolicyWorker:
             self.random_nvec = np.asarray(action_space.nvec, dtype=np.int64).reshape(-1)
         if self.random_nvec is not None:
             self.random_log_prob = -float(np.log(self.random_nvec.astype(np.float64)).sum())
-            self.rng = np.random.default_rng(stream_seed(run_seed(cfg), POLICY_WORKER, *index))
+            self.rng = np.random.default_rng(seed)
             if self.random_policy:  # the uniform policy's constant outputs, written once for every (slot, t)
                 for tensor, value in ((b.action_logits, 0.0), (b.log_probs, self.random_log_prob), (b.values, 0.0),
                                       (b.rnn_states, 0.0)):  # (every policy worker writes the same values)

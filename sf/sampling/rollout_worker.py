@@ -33,8 +33,10 @@ Self-healing (sf/runner/healing.py): a request carries the worker's epoch (messa
 the same code); the runner voids the requests in flight by bumping SharedState.epoch (this worker died, or a policy
 worker that may have taken some did) and, once no policy worker still serves one, sets epoch_go: the worker then works
 in the new epoch, ignores replies of older ones and re-sends the requests it still awaits. Every slot it takes or hands
-to a learner is marked in SharedState.slot_owner, so that the runner can reclaim the slots of a dead worker. A
-replacement worker goes on counting this worker's frames.
+to a learner is marked in SharedState.slot_owner, inside a move (SharedState.moving), and each agent's (slot, t) in
+env_slots is published at every step, so that the runner can reclaim a dead worker's slots and count exactly the frames
+they held (a slot of this worker that no agent's entry names is full). A replacement worker goes on counting this
+worker's frames.
 """
 from __future__ import annotations
 
@@ -50,8 +52,9 @@ from typing import Callable, Optional
 
 from sf.model.action_spaces import draw_action_noise
 from sf.sampling.policy_mapping import PolicyMapping
+from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import slot_queued
-from sf.seeding import POLICY_MAPPING, action_noise_rng, run_seed, stream_seed
+from sf.seeding import ENV, POLICY_MAPPING, action_noise_rng, run_seed, stream_seed
 from sf_envs.registry import env_spec, make_env
 
 EPISODE_REPORT_SEC = 1.0
@@ -104,14 +107,16 @@ class RolloutWorker:
         self.splits = cfg.worker_num_splits
         self.epoch = int(shared_state.epoch_go_np[worker_idx])  # a replacement starts in the epoch the runner set
         self.slot_owner = shared_state.slot_owner_np
+        self.moving, self.census = shared_state.moving_np, shared_state.census_np  # (moves of slots: SharedState)
         self.env_slots_np = env_slots.numpy()
+        self.agent_slots = self.env_slots_np[worker_idx]  # [E * A, C] this worker's row: (slot, t, ...) per agent
         self.has_policy_column = self.env_slots_np.shape[-1] > 2
-        self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")
+        self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")  # also its row of SharedState.moving
         self.mapping = PolicyMapping(self.num_policies, self.A, getattr(cfg, "policy_mapping", "random"),
                                      getattr(cfg, "policy_resample_episodes", 10),
                                      getattr(cfg, "pbt_mix_policies_in_one_env", True), worker_idx * self.num_envs,
                                      stream_seed(run_seed(cfg), POLICY_MAPPING, worker_idx),
-                                     self.num_envs // cfg.worker_num_splits, stream_seed(run_seed(cfg), POLICY_MAPPING))
+                                     self.num_envs // cfg.worker_num_splits, run_seed(cfg))
         self.policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy playing each agent's current episode
         self.slot_policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy whose learner gets its current slot
         self.shaping_keys = tuple(getattr(shared_state, "shaping_keys", ()))
@@ -141,8 +146,8 @@ class RolloutWorker:
     def _env_seed(self, e: int) -> int | None:
         if self.cfg.seed is None:
             return None
-        # a replacement worker (a later epoch) must not replay its predecessor's episodes
-        return self.cfg.seed * 10_000 + self.w * self.num_envs + e + 1_000_003 * (self.env_restarts + 1_009 * self.epoch)
+        # a replacement worker (a later epoch) or env must not replay its predecessor's episodes
+        return stream_seed(self.cfg.seed, ENV, self.w * self.num_envs + e, self.epoch, self.env_restarts)
 
     def _replace_env(self, e: int, ex: Exception) -> dict:
         """A fresh env in place of env e, which raised `ex`; returns its first observation (a list of them for a
@@ -199,12 +204,13 @@ class RolloutWorker:
                 self.agent_shaping[i] = coeffs
 
     def _next_slot(self, i: int, interval: int) -> int:
-        """The slot agent i fills next: fixed in hts/ppo modes, any free one otherwise. Marks it as holding no final
-        observation yet."""
+        """The slot agent i fills next, published as its current slot at step 0 (env_slots): fixed in hts/ppo modes,
+        any free one otherwise. Marks it as holding no final observation yet."""
         if self.sync:
             slot = (interval % 2) * self.total_agents + self.w * self.num_agents + i
+            self.agent_slots[i, :2] = slot, 0
         else:
-            slot = self._take_free_slot()
+            slot = self._take_free_slot(i)
         self.final_t_np[slot] = -1
         return slot
 
@@ -242,33 +248,63 @@ class RolloutWorker:
                 del self.waiting[g]
                 self._request_actions(g)
 
-    def _take_free_slot(self) -> int:
-        try:
-            slot = int(self.q.free.get_nowait())
-            self.slot_owner[slot] = self.w
+    def _take_free_slot(self, i: int) -> int:
+        """A slot off the free list for agent i: published as the agent's current slot at step 0, then marked this
+        worker's, in one move (SharedState.moving). Before it is marked, a kill leaves it off the free list marked FREE
+        (the runner's census finds it); once marked, the agent's previous slot, no longer published, counts as full."""
+        slot = self._move_free_slot(i, None)
+        if slot is not None:
             return slot
-        except Empty:  # the learner is behind (backpressure): it may need the trajectories finished so far
+        while True:  # the learner is behind (backpressure): it may need the trajectories finished so far
             self._send_finished()
-        while True:
             # waiting for the learner is a sign of life: every agent of a group may wait for a slot in turn (they end
             # their trajectories at the same step), each until the learner frees a batch
             self.state.beat(self.heartbeat)
             if self.on_starved is not None:
                 self.on_starved()
-            try:
-                slot = int(self.q.free.get(timeout=0.0 if self.on_starved is not None else 0.5))
+            # (a short wait: the runner's census waits for a move to end, and this one spans the wait)
+            slot = self._move_free_slot(i, 0.0 if self.on_starved is not None else 0.1)
+            if slot is not None:
+                return slot
+            if self.state.stopping():  # keep checking for a stop request
+                raise StopIteration
+
+    def _move_free_slot(self, i: int, timeout: float | None) -> int | None:
+        """Take a free slot for agent i (waiting up to `timeout`; None: not at all) inside a move; None if none came or
+        the runner counts slots (SharedState.census)."""
+        self.moving[self.heartbeat] += 1
+        try:
+            if not self.census[0]:
+                slot = int(self.q.free.get_nowait() if timeout is None else self.q.free.get(timeout=timeout))
+                self.agent_slots[i, 0] = slot  # (slot, then step: (slot, 0) never names the previous, full slot)
+                self.agent_slots[i, 1] = 0
                 self.slot_owner[slot] = self.w
                 return slot
-            except Empty:  # keep checking for a stop request
-                if self.state.stopping():
-                    raise StopIteration from None
+        except Empty:
+            return None
+        finally:
+            self.moving[self.heartbeat] += 1
+        time.sleep(0.002)  # the census takes milliseconds
+        return None
 
     def _send_finished(self) -> None:
-        for p, slots in enumerate(self.finished):
-            if slots:
-                self.slot_owner[slots] = slot_queued(p)
-                self.learner_queues[p].put_many(slots)
-                self.finished[p] = []
+        """Hand the full trajectories to their policies' learners: marked queued, then put on the queues, in one move
+        (none while the runner counts slots: they go with the next call)."""
+        if not any(self.finished):
+            return
+        self.moving[self.heartbeat] += 1
+        try:
+            if self.census[0]:
+                return
+            for p, slots in enumerate(self.finished):
+                if slots:
+                    self.slot_owner[slots] = slot_queued(p)
+                    if PAUSE_AT:
+                        pause("rollout_worker_queued")
+                    self.learner_queues[p].put_many(slots)
+                    self.finished[p] = []
+        finally:
+            self.moving[self.heartbeat] += 1
 
     def _write_obs(self, obs: dict, slot: int, t: int) -> None:
         for k, v in obs.items():
@@ -311,9 +347,7 @@ class RolloutWorker:
                 k = j * self.A
                 slots[k:k + self.A], ts[k:k + self.A] = self._step_multiagent_env(e, actions[k:k + self.A],
                                                                                   slots[k:k + self.A], ts[k:k + self.A])
-        self.slot[lo:hi], self.t[lo:hi] = slots, ts
-        self.env_slots_np[self.w, lo:hi, 0] = slots
-        self.env_slots_np[self.w, lo:hi, 1] = ts
+        self.slot[lo:hi], self.t[lo:hi] = slots, ts  # (env_slots: published by _record, step by step)
         self.frames += self.group_size * self.frameskip
         self._send_finished()
         if self.sync and ts[0] == 0:  # the group finished its interval (its envs step in lockstep)
@@ -376,11 +410,14 @@ class RolloutWorker:
         self.truncated_np[slot, t] = float(cut)
         t += 1
         self._write_obs(obs, slot, t)
+        self.agent_slots[i, 1] = t  # the step is recorded: a dead worker's lost frames count it
         if done:
             self.rnn_np[slot, t] = 0.0  # the next step starts a new episode: fresh recurrent state
             self._episode_start(i)
         if t == self.T:
             new_slot = self._next_slot(i, interval=self.next_interval)
+            if PAUSE_AT:
+                pause("rollout_worker_trajectory_end")
             for k in self.obs_np:
                 self.obs_np[k][new_slot, 0] = self.obs_np[k][slot, self.T]
             self.rnn_np[new_slot, 0] = self.rnn_np[slot, self.T]

@@ -71,3 +71,89 @@ def test_copies_on_cpu_are_complete_on_return():
     assert weights.load_into(reader, -1) == 4
     assert all(bool((p == 3.0).all()) for p in reader.parameters())
     assert weights.load_into(reader, 4) == 4  # nothing newer: nothing copied
+
+
+def test_a_copy_torn_by_a_writer_that_then_died_is_not_reported_as_the_old_version(monkeypatch):
+    """A reader copies version 1 while a learner starts publishing version 2 and is killed half-way: the reader's model
+    is a mix, so load_into must not answer 'you still hold version 0' but -1 (no published version held)."""
+    monkeypatch.setattr(shared_weights, "TORN_WAIT_SEC", 0.01)
+    writer_model = _model(1.0)
+    weights = SharedWeights(writer_model)
+    weights.publish(writer_model, 1)
+    reader = _model(0.0)
+    real_copy = weights._copy_from_shared
+
+    def copy_then_writer_dies(model):
+        real_copy(model)
+        with torch.no_grad():  # the writer starts version 2 (seq odd), writes one tensor, and is killed
+            weights.counters[0] += 1
+            next(iter(weights.tensors.values())).fill_(2.0)
+
+    monkeypatch.setattr(weights, "_copy_from_shared", copy_then_writer_dies)
+    assert weights.load_into(reader, 0) == -1
+    monkeypatch.setattr(weights, "_copy_from_shared", real_copy)
+    assert weights.load_into(reader, -1) == -1  # still torn (nobody published since): nothing whole to take
+    weights.publish(writer_model, 3)  # the replacement learner publishes: whole again
+    assert weights.load_into(reader, -1) == 3
+    assert all(bool((p == 1.0).all()) for p in reader.parameters())
+
+
+class _ManyEntries(torch.nn.Module):
+    """A state_dict of 43 entries of several dtypes and shapes (a recurrent Doom model has 35): 20 layers, an int64
+    count buffer, a 0-dim float64 buffer, a bool mask."""
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(3, 3) for _ in range(20))
+        self.register_buffer("count", torch.tensor([7, 8], dtype=torch.int64))
+        self.register_buffer("scale", torch.tensor(0.5, dtype=torch.float64))
+        self.register_buffer("mask", torch.tensor([True, False, True]))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.fill_(value)
+
+
+def test_weights_travel_to_a_process_as_one_descriptor():
+    """Every tensor and the counters in one shared storage: one descriptor however many state_dict entries (before:
+    one per entry plus the counters, 44 here, and a learner gets every policy's weights)."""
+    from sf.processes.fds import fds_sent
+    assert fds_sent(SharedWeights(_ManyEntries(1.0))) == 1
+    assert fds_sent([SharedWeights(_ManyEntries(1.0)) for _ in range(8)]) == 8
+
+
+def test_a_child_process_reads_each_published_version():
+    """A policy worker's view from another process (started from a fork server, as the runner starts them): each
+    version published is read whole, every dtype and shape as published."""
+    import torch.multiprocessing
+    from sf.ipc import Queue
+    writer = _ManyEntries(1.0)
+    weights, results = SharedWeights(writer), Queue()
+    weights.publish(writer, 1)
+    child = torch.multiprocessing.get_context("forkserver").Process(target=_read_versions, args=(weights, results))
+    child.start()
+    try:
+        for version in (1, 2):
+            got, state = results.get(timeout=120)
+            assert got == version
+            assert state == {k: (str(v.dtype), v.tolist()) for k, v in writer.state_dict().items()}
+            with torch.no_grad():  # the next version: other values everywhere
+                for p in writer.parameters():
+                    p.fill_(2.0)
+                writer.count += 1
+                writer.scale.fill_(-1.0)
+                writer.mask.logical_not_()
+            weights.publish(writer, 2)
+    finally:
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+
+
+def _read_versions(weights: SharedWeights, results) -> None:
+    reader, have = _ManyEntries(0.0), -1
+    for version in (1, 2):
+        deadline = time.monotonic() + 60
+        while have < version and time.monotonic() < deadline:
+            have = weights.load_into(reader, have)
+        results.put((have, {k: (str(v.dtype), v.tolist()) for k, v in reader.state_dict().items()}))

@@ -17,7 +17,9 @@ import torch
 from gymnasium import spaces
 
 from model_test_helpers import VECTOR_OBS, make_cfg, random_experience
-from sf.distributed import GradientAllReduce, World, check_identical_weights, init_learner_group, world_from_env
+from sf import distributed
+from sf.distributed import (GradientAllReduce, World, check_identical_weights, collective_device, init_learner_group,
+                            share_normalizer_statistics, world_from_env)
 from sf.learning.appo import APPO
 from sf.learning.checkpoint import weights_sha256
 from sf.model.actor_critic import create_actor_critic
@@ -39,7 +41,7 @@ def world(rank: int, port: int) -> World:
 
 def setup(n_traj: int, **overrides):
     """The same cfg, model and batch of `n_traj` trajectories in every process (same seeds). Input normalization is
-    off: its statistics come from each rank's own batch, which gradients do not synchronize (module docstring)."""
+    off unless asked for (a rank's model then merges every rank's batch moments: share_normalizer_statistics)."""
     torch.manual_seed(0)
     kw = dict(SMALL, rollout=T, recurrence=T, batch_size=B * T, normalize_input=False)
     kw.update(overrides)
@@ -110,9 +112,10 @@ def load_results(tmp_path, n: int = 2) -> list:
 ORACLE = dict(max_grad_norm=0.05, normalize_advantage=False, learning_rate=1e-3)
 
 
-def _one_step_rank(rank, port, out_dir):
+def _one_step_rank(rank, port, out_dir, oracle):
     init_learner_group(world(rank, port), "cpu", timeout_sec=60)
-    cfg, model, exp = setup(2 * B, **ORACLE)
+    cfg, model, exp = setup(2 * B, **oracle)
+    share_normalizer_statistics(model)
     hook = GradientAllReduce(model.parameters())
     appo = APPO(model, cfg, "cpu", grad_hook=hook)
     stats = appo.train(trajectories(exp, rank * B, (rank + 1) * B), policy_version=0)
@@ -121,17 +124,20 @@ def _one_step_rank(rank, port, out_dir):
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def test_two_ranks_on_halves_match_one_process_on_the_whole_batch(tmp_path):
+@pytest.mark.parametrize("normalized", [False, True], ids=["raw_inputs", "normalized_inputs_and_returns"])
+def test_two_ranks_on_halves_match_one_process_on_the_whole_batch(tmp_path, normalized):
     """One SGD step: the 2 ranks end bitwise identical, and equal (float tolerance) to one process trained on the
     union batch without the hook; clipping saw the averaged gradient (the same norm as the union batch's, not the
-    rank's own half's), so the clipped gradients match too."""
-    codes = run_ranks(_one_step_rank, tmp_path)
+    rank's own half's), so the clipped gradients match too. With input and returns normalization, the first forward
+    already normalizes with the union batch's statistics (each rank's own half's would give other gradients)."""
+    oracle = dict(ORACLE, normalize_input=True, normalize_returns=True) if normalized else ORACLE
+    codes = run_ranks(_one_step_rank, tmp_path, args=(oracle,))
     r0, r1 = load_results(tmp_path)
     assert codes == [0, 0]
     assert r0["sha"] == r1["sha"] and r0["identical"] and r1["identical"]
     assert torch.equal(r0["grad"], r1["grad"]) and r0["calls"] == r1["calls"] == 1
 
-    cfg, model, exp = setup(2 * B, **ORACLE)
+    cfg, model, exp = setup(2 * B, **oracle)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     single = APPO(model, cfg, "cpu")
     stats = single.train(exp, policy_version=0)
@@ -140,7 +146,9 @@ def test_two_ranks_on_halves_match_one_process_on_the_whole_batch(tmp_path):
     assert stats[0]["grad_norm"] > 2 * cfg.max_grad_norm
     assert r0["grad_norm"] == pytest.approx(stats[0]["grad_norm"], rel=1e-5)
     torch.testing.assert_close(r0["grad"], flat_grads(single.params), rtol=1e-4, atol=1e-7)
-    cfg_h, model_h, exp_h = setup(2 * B, **ORACLE)  # a rank's own half, without the hook: another norm
+    if normalized:
+        assert float(r0["state"]["encoder.obs_normalizer.count"]) == 2 * B * T  # the union batch's samples
+    cfg_h, model_h, exp_h = setup(2 * B, **oracle)  # a rank's own half, without the hook: another norm
     own = APPO(model_h, cfg_h, "cpu").train(trajectories(exp_h, 0, B), policy_version=0)
     assert abs(own[0]["grad_norm"] - stats[0]["grad_norm"]) > 1e-3 * stats[0]["grad_norm"]
 
@@ -159,7 +167,9 @@ STEPS = 3
 
 def _steps_rank(rank, port, out_dir):
     init_learner_group(world(rank, port), "cpu", timeout_sec=60)
-    cfg, model, exp = setup(2 * B * STEPS)  # default loss: advantage normalization, clipping at 4.0
+    # default loss: advantage normalization, clipping at 4.0; normalizers merged across the ranks, never broadcast
+    cfg, model, exp = setup(2 * B * STEPS, normalize_input=True, normalize_returns=True)
+    share_normalizer_statistics(model)
     appo = APPO(model, cfg, "cpu", grad_hook=GradientAllReduce(model.parameters()))
     shas, identical = [], []
     for step in range(STEPS):  # step s: rank r trains on chunk 2 s + r
@@ -303,3 +313,182 @@ def test_unreachable_master_is_a_one_line_error_within_the_timeout(monkeypatch):
     assert time.monotonic() - start < 15
     assert "\n" not in str(e.value)
     assert not torch.distributed.is_initialized()
+
+
+# --- devices: every collective's tensors on the group's device --------------------------------------------------
+
+def test_collective_device_per_backend():
+    """NCCL takes CUDA tensors only (this rank's GPU: the current device, which init_learner_group sets), gloo CPU
+    ones; a CPU tensor handed to NCCL made the learners' first agreement raise at start-up on CUDA."""
+    assert collective_device("nccl") == torch.device("cuda")
+    assert collective_device("gloo") == torch.device("cpu")
+    assert collective_device("mpi") == torch.device("cpu")
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
+
+
+def _devices_rank(rank, port, out_dir):
+    """Every collective of sf.distributed, with torch.distributed's collectives wrapped to record the devices and
+    dtypes of the tensors they were given (the real collectives run)."""
+    import torch.distributed as dist
+    init_learner_group(world(rank, port), "cpu", timeout_sec=60)
+    seen = []
+    for name in COLLECTIVES:
+        real = getattr(dist, name)
+
+        def spy(tensor, *args, _real=real, _name=name, **kwargs):
+            tensors = tensor if isinstance(tensor, list) else [tensor]
+            seen.append((_name, {str(t.device) for t in tensors}, str(tensors[0].dtype)))
+            return _real(tensor, *args, **kwargs)
+        setattr(dist, name, spy)
+    big = 2 ** 60  # float64 holds integers exactly only below 2^53
+    sums = distributed.agree([big + rank, 1])
+    lo, hi = distributed.agree_range([big + rank, 7])
+    cfg, model, exp = setup(B, normalize_input=True, normalize_returns=True)
+    share_normalizer_statistics(model)
+    distributed.broadcast_state(model)
+    appo = APPO(model, cfg, "cpu", grad_hook=GradientAllReduce(model.parameters()))
+    appo.train(exp, policy_version=0)
+    identical = check_identical_weights(model)
+    rows = distributed.gather_rows(torch.tensor([rank, 10 + rank]))
+    torch.save({"seen": seen, "sums": sums, "lo": lo, "hi": hi, "identical": identical, "rows": rows,
+                "backend": dist.get_backend()}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def test_every_collective_uses_the_group_device_and_integers_stay_exact(tmp_path):
+    codes = run_ranks(_devices_rank, tmp_path)
+    results = load_results(tmp_path)
+    assert codes == [0, 0]
+    big = 2 ** 60
+    for r in results:
+        expected = str(collective_device(r["backend"]))
+        assert r["backend"] == "gloo" and expected == "cpu"
+        assert {name for name, _, _ in r["seen"]} == set(COLLECTIVES)
+        assert all(devices == {expected} for _, devices, _ in r["seen"]), r["seen"]
+        assert r["sums"] == [2 * big + 1, 2]  # exact: 2^61 + 1 is no float64
+        assert (r["lo"], r["hi"]) == ([big, 7], [big + 1, 7])  # a difference of 1 at 2^60 is seen
+        assert ("all_reduce", {"cpu"}, "torch.int64") in r["seen"]  # the agreements: integers
+        assert r["identical"]
+        assert torch.equal(r["rows"], torch.tensor([[0, 10], [1, 11]]))
+    assert results[0]["seen"] == results[1]["seen"]  # the same collectives, in the same order, on both ranks
+
+
+# --- skipped steps: the ranks' normalizers still agree ---------------------------------------------------------
+
+def _skipped_rank(rank, port, out_dir):
+    init_learner_group(world(rank, port), "cpu", timeout_sec=60)
+    cfg, model, exp = setup(2 * B, normalize_input=True, normalize_returns=True, max_policy_lag=3)
+    share_normalizer_statistics(model)
+    appo = APPO(model, cfg, "cpu", grad_hook=GradientAllReduce(model.parameters()))
+    steps = []
+    # every sample was acted 10 versions ago, beyond --max_policy_lag 3: every SGD step is skipped on both ranks
+    stats = appo.train(trajectories(exp, rank * B, (rank + 1) * B), policy_version=10,
+                       on_sgd_step=lambda version: steps.append(version))
+    torch.save({"sha": weights_sha256(model), "state": model.state_dict(), "steps": steps,
+                "versions": [s["policy_version"] for s in stats], "identical": check_identical_weights(model)},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def test_a_batch_whose_steps_are_all_skipped_leaves_the_ranks_identical(tmp_path):
+    """Each rank's input normalizer update comes from its own half of the batch; no SGD step runs (every sample too
+    old). The normalizers merged both halves anyway: bitwise identical state_dicts, holding the union batch's
+    statistics (those of one process updated with the whole batch)."""
+    codes = run_ranks(_skipped_rank, tmp_path)
+    r0, r1 = load_results(tmp_path)
+    assert codes == [0, 0]
+    assert r0["steps"] == r1["steps"] == [] and set(r0["versions"]) == {10.0}  # no step, no new version
+    assert r0["sha"] == r1["sha"] and r0["identical"] and r1["identical"]
+    _, model, exp = setup(2 * B, normalize_input=True)
+    union = model.encoder.obs_normalizer
+    union.update(exp["obs"]["obs"][:, :T])
+    for k in ("mean", "var", "count"):
+        torch.testing.assert_close(r0["state"][f"encoder.obs_normalizer.{k}"], getattr(union, k), rtol=1e-6, atol=1e-6)
+    assert float(union.count) == 2 * B * T
+
+
+# --- learners of 2 ranks: an exact version check at start, rank 1 reads its checkpoints without writing -----------
+
+VERSION = 2 ** 30  # versions whose squares float64 cannot tell apart from their neighbours'
+CORRIDOR = ["--env", "test_corridor", "--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "8",
+            "--recurrence", "8", "--batch_size", "16", "--rnn_size", "16", "--hidden_size", "16", "--device", "cpu",
+            "--seed", "3", "--distributed_timeout_sec", "60"]
+
+
+def learner_inputs(train_dir: str):
+    """cfg, spaces, model and what a Learner is built on (buffers, shared weights and state, queues): test_corridor."""
+    from types import SimpleNamespace
+
+    from sf.buffers.shared_weights import SharedWeights
+    from sf.buffers.trajectory_buffers import TrajectoryBuffers
+    from sf.cfg import parse_cfg
+    from sf.ipc import Queue
+    from sf.processes.shared_state import SharedState
+    from sf_envs.registry import make_env
+    cfg = parse_cfg([*CORRIDOR, "--experiment", "ddp", "--train_dir", str(train_dir)])
+    env = make_env(cfg, 0)
+    obs_space, action_space = env.observation_space, env.action_space
+    env.close()
+    model = create_actor_critic(cfg, obs_space, action_space)
+    buffers = TrajectoryBuffers(4, cfg.rollout, obs_space, action_space, model.rnn_state_size)
+    queues = SimpleNamespace(learner=Queue(), free=Queue(), report=Queue(max_size_bytes=2**22))
+    return cfg, obs_space, action_space, model, buffers, SharedWeights(model), SharedState(1, num_slots=4), queues
+
+
+def write_checkpoints(exp_dir, version: int) -> None:
+    """A good checkpoint of `version` in exp_dir and, newer by its name, a file that fails verification."""
+    from sf.learning.checkpoint import CheckpointManager, make_checkpoint_state
+    from sf.learning.learner import checkpoint_meta
+    cfg, obs_space, action_space, model, *_, queues = learner_inputs(exp_dir.parent)
+    for q in vars(queues).values():
+        q.close()
+    appo = APPO(model, cfg, "cpu")
+    state = make_checkpoint_state(model, appo.optimizer, version, 4096, checkpoint_meta(cfg, obs_space, action_space,
+                                                                                       model))
+    manager = CheckpointManager(exp_dir)
+    manager.save(state, version, 4096)
+    (manager.dir / f"checkpoint_{version + 5:09d}_8192.pth").write_bytes(b"not a checkpoint")
+
+
+def snapshot(directory) -> dict:
+    """Every path under `directory` -> its bytes (None for a directory)."""
+    return {str(p.relative_to(directory)): (None if p.is_dir() else p.read_bytes()) for p in directory.rglob("*")}
+
+
+def _learner_rank(rank, port, out_dir, exp_dirs):
+    from sf.learning.learner import Learner
+    exp_dir = exp_dirs[rank]
+    cfg, obs_space, action_space, _, buffers, weights, state, queues = learner_inputs(os.path.dirname(exp_dir))
+    try:
+        learner = Learner(cfg, obs_space, action_space, buffers, queues, weights, state, "cpu", exp_dir, frameskip=1,
+                          world=world(rank, port))
+        result = {"version": learner.version, "identical": check_identical_weights(learner.model)}
+    except distributed.DistributedError as e:
+        result = {"error": str(e)}
+    for q in vars(queues).values():
+        q.close()
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+@pytest.mark.parametrize("rank1_version", [VERSION, VERSION + 1], ids=["same", "off_by_one"])
+def test_learners_join_on_exactly_equal_versions_and_rank_1_writes_nothing(tmp_path, rank1_version):
+    """Each rank resumes from its own copy of the experiment directory (as if shared): a good checkpoint and a newer
+    file that fails verification. Rank 0 moves that file to rejected/; rank 1 loads the same good checkpoint but leaves
+    its directory byte for byte as it was. Versions 2^30 and 2^30 + 1 (sums of squares in float64 cannot tell them
+    apart) stop both ranks with a one-line DistributedError."""
+    exp_dirs = [tmp_path / f"rank{r}" / "ddp" for r in range(2)]
+    for exp_dir, version in zip(exp_dirs, (VERSION, rank1_version)):
+        write_checkpoints(exp_dir, version)
+    before = snapshot(exp_dirs[1])
+    codes = run_ranks(_learner_rank, tmp_path, args=([str(d) for d in exp_dirs],))
+    r0, r1 = load_results(tmp_path)
+    assert codes == [0, 0]
+    assert snapshot(exp_dirs[1]) == before  # rank 1: nothing moved, written or deleted
+    assert [p.name for p in (exp_dirs[0] / "checkpoint_p0" / "rejected").iterdir()] == [
+        f"checkpoint_{VERSION + 5:09d}_8192.pth"]  # rank 0 did move it aside
+    if rank1_version == VERSION:
+        assert r0 == r1 == {"version": VERSION, "identical": True}
+    else:
+        for rank, r in enumerate((r0, r1)):
+            assert r["error"].startswith(f"rank {rank} resumed from policy version {(VERSION, rank1_version)[rank]}"), r
+            assert f"the ranks from versions {VERSION}..{VERSION + 1}" in r["error"] and "\n" not in r["error"]

@@ -74,7 +74,7 @@ def test_roundtrip_model_optimizer_and_rng(tmp_path):
     assert path == tmp_path / "checkpoint_p0" / "checkpoint_000000007_1234.pth"
 
     # the random numbers drawn right after saving are what a restored run must draw again
-    expected = (torch.rand(5), np.random.rand(5), [random.random() for _ in range(5)])
+    expected = torch.rand(5)
 
     torch.manual_seed(99)
     model2 = TinyModel()
@@ -102,22 +102,30 @@ def test_roundtrip_model_optimizer_and_rng(tmp_path):
         o.step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
 
-    torch.rand(3), np.random.rand(3), random.random()  # move every RNG on
+    torch.rand(3)  # move the RNG on
     restore_rng_states(loaded)
-    got = (torch.rand(5), np.random.rand(5), [random.random() for _ in range(5)])
-    assert torch.equal(expected[0], got[0])
-    assert np.array_equal(expected[1], got[1])
-    assert expected[2] == got[2]
+    assert torch.equal(torch.rand(5), expected)
 
 
-def test_numpy_gaussian_cache_is_restored(tmp_path):
-    np.random.seed(3)
-    np.random.randn()  # leaves a cached gaussian in the legacy state
+def test_global_numpy_and_python_states_are_not_saved_and_old_ones_are_ignored(tmp_path):
+    """The learner draws from torch's global generator only (seeded from --seed): numpy's and Python's, never seeded,
+    made two identical runs save different checkpoints. A checkpoint of an earlier version that holds them (in the form
+    it wrote) still loads, and restoring it leaves those generators alone."""
     state = small_state(1, 1)
-    after = np.random.randn(4)
+    assert set(state["rng"]) == {"torch"}  # (and "cuda" where CUDA is in use)
+    np_state = np.random.get_state(legacy=True)
+    version, internal, gauss = random.getstate()
+    old = dict(state, rng=dict(state["rng"], python=[int(version), [int(x) for x in internal], gauss],
+                               numpy=[str(np_state[0]), torch.from_numpy(np_state[1].astype(np.int64)),
+                                      int(np_state[2]), int(np_state[3]), float(np_state[4])]))
+    CheckpointManager(tmp_path).save(old, 1, 1)
+    loaded = CheckpointManager(tmp_path).load("latest")
+    assert set(loaded["rng"]) == {"torch", "numpy", "python"}
     np.random.seed(4)
-    restore_rng_states(state)
-    assert np.array_equal(np.random.randn(4), after)
+    random.seed(4)
+    restore_rng_states(loaded)
+    expected_np, expected_py = np.random.RandomState(4).rand(3), random.Random(4).random()
+    assert np.array_equal(np.random.rand(3), expected_np) and random.random() == expected_py
 
 
 def test_content_is_weights_only_safe(tmp_path):
@@ -126,7 +134,7 @@ def test_content_is_weights_only_safe(tmp_path):
     path = CheckpointManager(tmp_path).save(state, 3, 300)
     raw = torch.load(path, weights_only=True)  # the strict unpickler accepts every value
     assert set(raw) >= {"model", "optimizer", "policy_version", "env_steps", "lr", "rng", "meta"}
-    assert {"torch", "numpy", "python"} <= set(raw["rng"])
+    assert set(raw["rng"]) == {"torch"}
 
     bad = dict(state, extra_array=np.zeros(3))  # a value weights_only would refuse: rejected before writing
     with pytest.raises(TypeError, match="extra_array"):
@@ -814,3 +822,70 @@ def test_name_too_long(tmp_path):
     with pytest.raises(CheckpointError) as e:
         CheckpointManager(exp).load()
     _one_line_error(e, "cannot read checkpoint directory", "File name too long")
+
+
+# --- nothing trained, nothing rewritten --------------------------------------------------------------------
+
+def test_holds_only_a_verified_checkpoint_of_that_version_and_frames(tmp_path, caplog):
+    mgr = CheckpointManager(tmp_path)
+    saved = mgr.save(small_state(3, 300), 3, 300)
+    assert mgr.holds(3, 300) == saved and mgr.holds(3, 301) is None and mgr.holds(4, 300) is None
+    forged = mgr.dir / "checkpoint_000000005_500.pth"
+    forged.write_bytes(b"not a checkpoint")
+    assert mgr.holds(5, 500) is None and not forged.exists()  # a forged file does not count (moved aside)
+
+
+def _experiment_files(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def test_learner_that_trained_nothing_rewrites_nothing(tmp_path):
+    """A resumed learner stopped before it trained a batch (a Ctrl-C right after start, say): its final save leaves
+    the checkpoint directory byte-identical, mtimes included (the checkpoint is not written again under the same name,
+    the best one is not relabelled with this run's episodes), and still reports its final checkpoint. Once it has
+    trained, it saves."""
+    from types import SimpleNamespace
+
+    from sf.buffers.shared_weights import SharedWeights
+    from sf.buffers.trajectory_buffers import TrajectoryBuffers
+    from sf.cfg import parse_cfg
+    from sf.ipc import Queue
+    from sf.learning.learner import Learner
+    from sf.model.actor_critic import create_actor_critic
+    from sf.processes.shared_state import SharedState
+    from sf.runner.population import fill_shared, initial_hyperparams
+    from sf_envs.registry import make_env
+
+    cfg = parse_cfg(["--env", "test_corridor", "--experiment", "e", "--train_dir", str(tmp_path), "--num_workers", "1",
+                     "--num_envs_per_worker", "2", "--rollout", "8", "--recurrence", "8", "--batch_size", "16",
+                     "--hidden_size", "16", "--encoder_mlp_layers", "16", "--device", "cpu", "--save_best_after", "0"])
+    env = make_env(cfg, 0)
+    obs_space, action_space = env.observation_space, env.action_space
+    env.close()
+    model = create_actor_critic(cfg, obs_space, action_space)
+    buffers = TrajectoryBuffers(4, 8, obs_space, action_space, model.rnn_state_size)
+    weights, state = SharedWeights(model), SharedState(1, 1, 1, num_slots=4)
+    fill_shared(state, [initial_hyperparams(cfg, {})])
+    queues = SimpleNamespace(learner=Queue(), free=Queue(), report=Queue(max_size_bytes=2**20))
+    learner = lambda: Learner(cfg, obs_space, action_space, buffers, queues, weights, state, "cpu",  # noqa: E731
+                              tmp_path / "e", frameskip=1)
+    try:
+        state.best_metric[0, 0], state.best_metric[0, 1] = 0.5, 3
+        learner().finish()  # a fresh run's final checkpoint, and its best
+        ckpt_dir = tmp_path / "e" / "checkpoint_p0"
+        before = _experiment_files(ckpt_dir)
+        assert sorted(before) == ["best_000000000_0_reward_0.500.pth", "checkpoint_000000000_0.pth"]
+        queues.report.get_many(timeout=1.0)
+        state.best_metric[0, 0], state.best_metric[0, 1] = 0.9, 10  # better episodes, played with the same weights
+        resumed = learner()
+        resumed.finish()
+        assert _experiment_files(ckpt_dir) == before
+        reports = [tuple(m) for m in queues.report.get_many(timeout=1.0)]
+        assert ("checkpoint", str(ckpt_dir / "checkpoint_000000000_0.pth"), True) in reports
+        resumed.version += 1  # as after an SGD step
+        resumed.finish()
+        assert sorted(_experiment_files(ckpt_dir)) == ["best_000000001_0_reward_0.900.pth",
+                                                       "checkpoint_000000000_0.pth", "checkpoint_000000001_0.pth"]
+    finally:
+        for q in (queues.learner, queues.free, queues.report):
+            q.close()

@@ -153,3 +153,41 @@ def test_a_rank_that_dies_stops_the_other(tmp_path):
     wait_for(lambda: gone(procs), 20, "every process of both ranks to exit")
     assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", text), text[-3000:]  # rank 0's, at the failure
     assert "DistributedError" in text or "SIGTERM received" in text, text[-3000:]
+
+
+def trained_frames(text: str) -> int:
+    """The run's frames trained, as rank 0 last reported them (0 before its first report)."""
+    found = re.findall(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), (\d+) trained", text)
+    return int(found[-1]) if found else 0
+
+
+def test_a_learner_waiting_for_a_slow_peer_is_not_a_stall(tmp_path):
+    """Rank 1 stops whole (SIGSTOP to every process of it: a slow peer) for 4x --stall_timeout_sec. Rank 0's learner
+    waits in a collective all that time without a heartbeat; the watchdog gives a data-parallel learner
+    --distributed_timeout_sec (then the collective itself raises), so rank 0 does not declare it stuck. Rank 1
+    continues, both go on training, and a Ctrl-C stops both cleanly with the same weights."""
+    stall = 4.0
+    log = tmp_path / "log.txt"
+    p = start_torchrun(args(tmp_path, "test_corridor", "--stall_timeout_sec", str(stall), "--distributed_timeout_sec",
+                            "120", "--train_for_seconds", "600"), log)
+    try:
+        wait_for(lambda: trained_frames(log.read_text()) > 0, 180, "both ranks to train", log)
+        rank1 = tree(rank_pids(log.read_text())[1])
+        assert rank1
+        for q in rank1:  # its runner first: it must not see its own processes stopped
+            q.suspend()
+        try:
+            time.sleep(4 * stall)  # the silence under test: rank 0's learner waits in a collective meanwhile
+        finally:
+            for q in reversed(rank1):
+                q.resume()
+        trained = trained_frames(log.read_text())
+        wait_for(lambda: trained_frames(log.read_text()) > trained, 120, "training to go on", log)
+        os.killpg(p.pid, signal.SIGINT)
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert "gave no sign of life" not in text, text[-4000:]
+    final = digests(text)
+    assert set(final) == {0, 1} and final[0] == final[1], text[-3000:]

@@ -153,3 +153,118 @@ def test_signal_to_the_process_group(tmp_path, sig, serial):
     assert "Traceback" not in console and "KeyboardInterrupt" not in console, console[-3000:]
     assert "Saved final checkpoint" in console
     assert wait_until(lambda: not tagged(tag), 10.0)
+
+
+# --- one run per experiment; a finished experiment resumed ---
+
+def _base(tmp_path) -> list:
+    return ["--env", "test_corridor", "--experiment", "e", "--train_dir", str(tmp_path), "--num_workers", "1",
+            "--num_envs_per_worker", "2", *SMALL]
+
+
+def _train(args, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def _start_live(tmp_path, tag: str) -> tuple[subprocess.Popen, Path]:
+    """A run that trains (for minutes), returned once it has trained and saved a checkpoint."""
+    log = tmp_path / "live.txt"
+    p = start([*_base(tmp_path), "--train_for_seconds", "300", "--save_every_sec", "1",
+               "--experiment_summaries_interval", "1"], log, tag)
+    ckpt_dir = tmp_path / "e" / "checkpoint_p0"
+    ok = wait_until(lambda: re.search(r"Policy version: [1-9]", log.read_text()) and any(ckpt_dir.glob("checkpoint_*")),
+                    120)
+    assert ok, log.read_text()[-3000:]
+    return p, log
+
+
+def _refused(res: subprocess.CompletedProcess, pid: int, exp: Path) -> str:
+    """The one line of a second runner refused: exit code 2, naming the holder's pid and the experiment."""
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and res.stdout == "", res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"experiment {exp} is in use by another run (pid {pid}, since " in lines[0], lines[0]
+    return lines[0]
+
+
+def test_one_run_per_experiment(tmp_path):
+    """While a run trains, a second train.py on its experiment is refused in one line naming the first's pid (exit
+    code 2), whatever its --restart_behavior, and changes nothing (no directory moved aside or deleted, config.json and
+    the event files as they were); sf.plot and enjoy.py read the live experiment (exit code 0); the run then stops as
+    usual and leaves no lock file."""
+    tag = uuid.uuid4().hex
+    p, log = _start_live(tmp_path, tag)
+    exp, lock = tmp_path / "e", tmp_path / ".e.lock"
+    try:
+        config, events = (exp / "config.json").read_bytes(), sorted(exp.glob("events.out.tfevents.*"))
+        assert lock.read_text().split()[0] == str(p.pid)
+        for behavior in ("resume", "restart", "overwrite"):
+            _refused(_train([*_base(tmp_path), "--restart_behavior", behavior, "--train_for_seconds", "5"]), p.pid, exp)
+            assert sorted(q.name for q in tmp_path.iterdir()) == [".e.lock", "e", "live.txt"]
+            assert (exp / "config.json").read_bytes() == config and sorted(exp.glob("events.out.tfevents.*")) == events
+        res = subprocess.run([sys.executable, "-m", "sf.plot", str(exp), "--out", str(tmp_path / "curves.png")],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert res.returncode == 0 and (tmp_path / "curves.png").is_file(), res.stderr[-2000:]
+        res = subprocess.run([sys.executable, str(ROOT / "enjoy.py"), "--env", "test_corridor", "--experiment", "e",
+                              "--train_dir", str(tmp_path), "--no_render", "--max_num_frames", "50", "--device", "cpu"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert res.returncode == 0 and "Loaded latest checkpoint" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+        assert p.poll() is None, log.read_text()[-3000:]  # undisturbed
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=30) == 0, log.read_text()[-3000:]
+    finally:
+        p.kill()
+    assert "Traceback" not in log.read_text() and "Saved final checkpoint" in log.read_text()
+    assert not lock.exists()
+    assert wait_until(lambda: not tagged(tag), 10.0)
+
+
+def test_runner_killed_then_started_again_at_once(tmp_path):
+    """SIGKILL of a training runner leaves no stale lock: the same train.py started at once (while the dead runner's
+    learner, which holds the lock too, may still be dying) trains on from its checkpoint, exit code 0. (That a learner
+    holds the lock after its runner died: tests/runner/test_experiment_dir.py, through the same fork server.)"""
+    tag = uuid.uuid4().hex
+    p, log = _start_live(tmp_path, tag)
+    try:
+        p.kill()
+        p.wait()
+        res = _train([*_base(tmp_path), "--train_for_seconds", "5"])
+        assert res.returncode == 0 and "Resumed from checkpoint" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "Traceback" not in res.stdout + res.stderr
+    finally:
+        for pid in tagged(tag):
+            os.kill(pid, signal.SIGKILL)
+    assert not (tmp_path / ".e.lock").exists()
+
+
+def test_resuming_a_finished_run_trains_and_writes_nothing(tmp_path):
+    """A finished experiment resumed with the same budget (the saved configuration): nothing starts, nothing is
+    written (every file of the experiment byte-identical, mtimes included: no final checkpoint re-saved, no best
+    relabelled, no config.json, log or event file); the console gives the experiment's version and frames."""
+    first = _train([*_base(tmp_path), "--train_for_env_steps", "500"])
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    exp = tmp_path / "e"
+    files = lambda: {str(f.relative_to(tmp_path)): (f.stat().st_mtime_ns, f.read_bytes())  # noqa: E731
+                     for f in tmp_path.rglob("*") if f.is_file()}
+    before = files()
+    _, version, frames = max(exp.glob("checkpoint_p0/checkpoint_*.pth")).stem.split("_")
+    res = _train(["--env", "test_corridor", "--experiment", "e", "--train_dir", str(tmp_path)])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert files() == before
+    assert (f"Done: nothing to train: the experiment reached --train_for_env_steps 500 already (policy version "
+            f"{int(version)}, {frames} env frames)") in res.stdout, res.stdout
+    assert "Policy version: 0" not in res.stdout and "Started" not in res.stdout
+
+
+def test_console_counters_of_a_resumed_run_start_from_its_checkpoint(tmp_path):
+    """Until the learner reports a batch, a resumed run's report line and totals are the experiment's (its checkpoint's
+    policy version and env frames), not zeros."""
+    from sf.runner.stats import RunStats
+    stats = RunStats(tmp_path, 10, 1, resumed=[(36, 1152)])
+    assert "Total num frames: 1152. Policy version: 36." in stats.report_line()
+    stats.add_frames(30)
+    assert "Total num frames: 1182. Policy version: 36." in stats.report_line()
+    stats.add_train([], 37, 1184)
+    assert "Policy version: 37." in stats.report_line()
+    pop = RunStats(tmp_path, 10, 1, num_policies=2, resumed=[(5, 100), (7, 140)])
+    assert pop.total_frames == 240 and "policy 1: version 7, 140 frames trained" in pop.report_line()
