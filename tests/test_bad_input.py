@@ -464,6 +464,9 @@ POISON_CASES = [
     ("rnn_size-32", ["--rnn_size", "32"],
      ["checkpoint {exp}/checkpoint_p0/", "has model entry", "this run's model has [96, 16]", "--rnn_size/--hidden_size"]),
     ("mlp-two-layers", ["--encoder_mlp_layers", "16", "16"], ["checkpoint {exp}/checkpoint_p0/", "model entry"]),
+    ("nonlinearity-relu", ["--nonlinearity", "relu"],  # same shapes, another function: refused too
+     ["checkpoint {exp}/checkpoint_p0/", "has model options {{'nonlinearity': 'elu'}}", "this run has model options "
+      "{{'nonlinearity': 'relu'}}"]),
     ("other-env", ["--env", "test_image"],
      ["checkpoint {exp}/checkpoint_p0/", "is from env test_corridor", "use another --experiment"]),
     ("rollout-7", ["--rollout", "7"], ["--batch_size (32) must be a multiple of --rollout (7)"]),

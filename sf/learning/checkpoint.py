@@ -169,7 +169,8 @@ def _one_line(value: Any, limit: int = 300) -> str:
 
 
 _META_LABELS = {"env": "env", "observation_space": "observation space", "action_space": "action space",
-                "model": "model"}
+                "model": "model", "model_options": "model options"}
+_META_OPTIONAL = {"model_options"}  # recorded since a later version: a checkpoint without it is taken as it is
 
 
 def _model_mismatch(saved: dict, current: dict) -> str | None:
@@ -189,8 +190,9 @@ def _model_mismatch(saved: dict, current: dict) -> str | None:
 def check_compatible(saved_meta: dict, current_meta: dict, path) -> None:
     """Raise CheckpointError (one line naming `path` and the first mismatch) unless the checkpoint fits.
 
-    Compared in this order: env, observation space, action space, model signature, then any other key of
-    `current_meta`. A key the current run has but the checkpoint lacks counts as a mismatch.
+    Compared in this order: env, observation space, action space, model signature, model options, then any other key
+    of `current_meta`. A key the current run has but the checkpoint lacks counts as a mismatch (except model options,
+    which older checkpoints do not record).
     """
     if not isinstance(saved_meta, dict):
         raise CheckpointError(f"checkpoint {path} has no metadata (env, spaces, model); it was not written by this trainer")
@@ -199,6 +201,8 @@ def check_compatible(saved_meta: dict, current_meta: dict, path) -> None:
         label = _META_LABELS.get(key, key)
         current = current_meta[key]
         if key not in saved_meta:
+            if key in _META_OPTIONAL:
+                continue
             raise CheckpointError(f"checkpoint {path} does not record its {label}; this run has {label} {_one_line(current)}")
         saved = saved_meta[key]
         if key == "model" and isinstance(saved, dict) and isinstance(current, dict):

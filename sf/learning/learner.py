@@ -76,7 +76,13 @@ PBT_COPY_WAIT_SEC = 5.0
 def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
     """What a checkpoint must match to be loaded into this run (one-line error otherwise)."""
     return {"env": cfg.env, "observation_space": str(obs_space), "action_space": str(action_space),
-            "model": model_signature(model)}
+            "model": model_signature(model), "model_options": model_options(cfg)}
+
+
+def model_options(cfg) -> dict:
+    """The model settings that change what the weights compute without changing their shapes (the signature cannot
+    tell them apart): resuming or watching with another would run the weights through another function."""
+    return {"nonlinearity": cfg.nonlinearity}
 
 
 class Learner:
