@@ -5,8 +5,11 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from sf.seeding import ENV, stream_seed
+import numpy as np
 
+# sf.seeding's ENV stream kind: the env integrations import nothing of the training system, so the one derivation is
+# spelled out here for the env's own first seed (tests/test_seeding.py checks both give the same seeds)
+ENV_STREAM = 5
 _single_threaded = False
 
 
@@ -26,10 +29,12 @@ def single_threaded() -> None:
 
 def derive_seed(base_seed: Optional[int], env_index: int) -> Optional[int]:
     """The seed of the first episode of env `env_index` (its global index) of a run seeded with `base_seed` (None: not
-    seeded): stream ENV (env_index, 0, 0) of sf.seeding, the seed a rollout worker gives that env's first reset."""
+    seeded): stream ENV (env_index, 0, 0) of sf.seeding (stream_seed), the seed a rollout worker gives that env's first
+    reset."""
     if base_seed is None:
         return None
-    return stream_seed(base_seed, ENV, env_index, 0, 0)
+    state = np.random.SeedSequence(int(base_seed), spawn_key=(ENV_STREAM, int(env_index), 0, 0)).generate_state(1, np.uint64)
+    return int(state[0]) >> 1
 
 
 def cfg_seed(cfg) -> Optional[int]:

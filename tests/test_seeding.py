@@ -7,7 +7,7 @@ import torch
 
 from sf.seeding import (ACTION_NOISE, ARITY, ENV, MINIBATCH, MODEL, PBT, POLICY_GROUPS, POLICY_MAPPING, POLICY_WORKER,
                         rank_seed, stream_seed)
-from sf_envs.utils import derive_seed
+from sf_envs.utils import ENV_STREAM, derive_seed
 
 # A large layout: policies x policy workers per policy, rollout workers x envs per worker x agents per env, the worker
 # epochs and env replacements of a long run with failures, and draws of --policy_mapping groups
@@ -76,8 +76,10 @@ def test_the_aliases_of_the_earlier_formulas_are_gone():
 def test_env_first_seed_is_the_worker_first_reset_seed():
     """An env made outside training (make_env(cfg, env_index=g), reset() without a seed) starts as env g of the run;
     unseeded stays unseeded."""
-    for g in (0, 1, 1023):
-        assert derive_seed(5, g) == stream_seed(5, ENV, g, 0, 0)
+    for seed in (0, 5, 2**32 - 1, rank_seed(7, 3)):  # (a data-parallel rank's seed too)
+        for g in (0, 1, 1023, 65535):
+            assert derive_seed(seed, g) == stream_seed(seed, ENV, g, 0, 0)
+    assert ENV_STREAM == ENV  # sf_envs spells the derivation out (it imports nothing of sf)
     assert derive_seed(None, 3) is None
 
 
@@ -114,6 +116,7 @@ SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_siz
          "--encoder_mlp_layers", "32", "--num_workers", "2", "--num_envs_per_worker", "4", "--device", "cpu"]
 
 
+@pytest.mark.e2e
 def test_two_identical_hts_runs_save_identical_rng_states(entry, tmp_path):
     """The learner's global generators in checkpoints: torch's is seeded (MODEL stream), and numpy's and Python's,
     which nothing in the learner draws from and nothing seeded, are not saved."""

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from sf.buffers.packed import PackedTensors
+from sf.utils.packed import PackedTensors
 
 TORN_WAIT_SEC = 0.05  # a publish takes well under a millisecond: an odd seq for longer means the writer died
 COUNTERS = "\0counters"  # their name in the packed storage: no state_dict key starts with a NUL
@@ -28,7 +28,7 @@ COUNTERS = "\0counters"  # their name in the packed storage: no state_dict key s
 class SharedWeights:
     """Shared copy of a model's state_dict plus `[seq, version]` counters in shared CPU memory.
 
-    tensors[k]  the state_dict's shapes and dtypes, views of one packed storage (sf.buffers.packed): a process receiving
+    tensors[k]  the state_dict's shapes and dtypes, views of one packed storage (sf.utils.packed): a process receiving
                 the weights gets one file descriptor on CPU, where the counters share the storage, and on CUDA one
                 CUDA IPC handle for the tensors plus the counters' descriptor
     counters    [2] int64, CPU: seq (odd while the learner writes), published version (-1: none yet)

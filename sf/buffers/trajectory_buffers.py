@@ -34,7 +34,7 @@ import os
 import numpy as np
 import torch
 
-from sf.buffers.packed import PackedTensors
+from sf.utils.packed import PackedTensors
 from sf.model.action_spaces import action_dtype, action_shape, num_action_logits
 
 POISON_UINT8 = 0xCD

@@ -2,7 +2,7 @@
 
 multiprocessing's fork server gets every descriptor of a new process's pickled arguments (a shared CPU tensor's
 storage, an sf.ipc.Queue's memfd) in one message beside 4 of its own, and refuses more than MAXFDS_TO_SEND in all:
-a process whose arguments carry more than MAX_FDS_SENT cannot be started. sf.buffers.packed keeps many tensors in one
+a process whose arguments carry more than MAX_FDS_SENT cannot be started. sf.utils.packed keeps many tensors in one
 descriptor; fds_sent() counts what an argument tuple carries, the way the fork server's Popen collects them.
 """
 from __future__ import annotations

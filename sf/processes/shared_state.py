@@ -1,5 +1,5 @@
 """Small shared-memory state every process of a run can read without messages. P = --num_policies. Every tensor field
-is a view of one shared storage (sf.buffers.packed), so that a process receiving the state gets one file descriptor.
+is a view of one shared storage (sf.utils.packed), so that a process receiving the state gets one file descriptor.
 
     stop            [1]     int64   1 once the runner asked everyone to stop
     worker_frames   [W]     int64   env frames collected by each rollout worker, every agent's steps (FPS is read off these)
@@ -55,7 +55,7 @@ import time
 
 import torch
 
-from sf.buffers.packed import PackedTensors
+from sf.utils.packed import PackedTensors
 
 ENV_STEPS, VERSION, FINISHED = 0, 1, 2
 COPIES_REQUESTED, COPIES_HANDLED = 0, 1  # columns of copy_requests
