@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # lowest first; a module may import modules of its own layer or of lower layers, never of higher ones
 LAYERS = [
-    {"sf.ipc", "sf.seeding", "sf.processes"},
+    {"sf.utils", "sf.ipc", "sf.seeding", "sf.processes"},
     {"sf.cfg"},
     {"sf.model"},
     {"sf.buffers"},
