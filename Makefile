@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # override it: make train TRAIN_ARGS="--env doom_basic --experiment quickstart --train_for_seconds 300"
 TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_env_steps 400000
 
-.PHONY: setup train test test-slow test-gpu bench clean
+.PHONY: setup train test test-fast test-slow test-gpu bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ train: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# the fast loop: no test that starts processes (marker e2e)
+test-fast: setup
+	$(PY) -m pytest -q -m "not e2e and not slow"
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

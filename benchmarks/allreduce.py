@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Cost of data-parallel learners (issue 19): the gradient all-reduce of one SGD step against the step itself.
+"""Cost of data-parallel learners (torchrun): the gradient all-reduce of one SGD step against the step itself.
 
 For the model of --env (default doom_battle: configs/doom.json, convnet_simple on [3, 72, 128] frames plus the
 measurements MLP, GRU 512, 5 action heads):

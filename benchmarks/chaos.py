@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Chaos benchmark (issue 18, self-healing): a run whose processes die or hang at random still trains to its budget.
+"""Chaos benchmark (self-healing): a run whose processes die or hang at random still trains to its budget.
 
 For each signal, two train.py runs with the same flags (doom_basic, the default layout, --train_for_seconds
 minutes x 60) train side by side in this invocation: the disturbed one gets, every --interval seconds from its learner's

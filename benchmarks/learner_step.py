@@ -60,7 +60,7 @@ def make_cfg(**kw):
         return types.SimpleNamespace(**base)
 
 
-NAIVE_BASELINE = 500.0  # samples/s, naive single-threaded learner (issue 4)
+NAIVE_BASELINE = 500.0  # samples/s, naive single-threaded learner (the reference)
 OBS_SPACE = spaces.Dict({"obs": spaces.Box(0, 255, (3, 72, 128), np.uint8)})
 ACTION_SPACE = spaces.Discrete(7)
 
@@ -123,9 +123,10 @@ class PerStepLearner:
         logits, values = torch.stack(logits), torch.stack(values)
         dist = self.model.action_distribution(logits)
         lp = dist.log_prob(exp["actions"].transpose(0, 1))
-        vs, adv = vtrace(exp["log_probs"].t(), lp.detach(), exp["rewards"].t(), values.detach(), boot,
-                         cfg.gamma * (1 - exp["dones"].t()))
-        terms = appo_loss(lp, exp["log_probs"].t(), adv, values, exp["values"].t(), vs, dist.entropy(), None,
+        vt = vtrace(exp["log_probs"].t(), lp.detach(), exp["rewards"].t(), values.detach(), boot,
+                    cfg.gamma * (1 - exp["dones"].t()))
+        terms = appo_loss(lp, exp["log_probs"].t(), vt.advantages, values, exp["values"].t(), vt.vs, dist.entropy(),
+                          None,
                           clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
                           value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=cfg.exploration_loss_coeff)
         self.opt.zero_grad()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Learning benchmark: doom_basic average episode reward against env frames and wall time.
 
-Target (issue 5): average reward (scenario reward x 0.01, Sample Factory's units) >= 0.75 within
+Target: average reward (scenario reward x 0.01, Sample Factory's units) >= 0.75 within
 600k env frames, with the doom_basic preset of configs/doom.json (feed-forward model, 4 epochs x 4
 minibatches of 128 samples per training batch, lr 3e-4) on this machine. `--extra` passes more train.py
 flags, e.g. the paper's setup for comparison:
@@ -12,7 +12,7 @@ flags, e.g. the paper's setup for comparison:
     python benchmarks/learning_doom_basic.py --frames 600000 --num_workers 2
     python benchmarks/learning_doom_basic.py --sync_modes async hts ppo --seed 1   # one run per mode, one table each
     python benchmarks/learning_doom_basic.py --num_policies 2 --seed 1   # a population: every policy's own curve, each
-                                                                          # to --frames frames of its own (issue 16)
+                                                                          # to --frames frames of its own
 """
 from __future__ import annotations
 

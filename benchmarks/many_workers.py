@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The design card's command on this machine: `train.py --env doom_battle --num_workers 72`, measured as a user sees it.
+"""The paper's 72 workers on this machine: `train.py --env doom_battle --num_workers 72`, measured as a user sees it.
 
 For each system (ours, and Sample Factory 2.1.1 as the baseline when its interpreter is given), in one invocation:
 seconds to the first collected frames, frames/s after two minutes (mean over the console's 60-s window at that point),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Population-based training on a small env (issue 16): mutations and weight copies happen, and the population's best
+"""Population-based training on a small env: mutations and weight copies happen, and the population's best
 objective does not fall after them.
 
 One run of train.py with --num_policies N --with_pbt True and a short PBT period on a built-in env (default test_image:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Populations (issue 16): what several policies and networked multiplayer games cost, measured in one invocation.
+"""Populations: what several policies and networked multiplayer games cost, measured in one invocation.
 
 1. Population overhead: the same rollout workers and envs with 1 policy and N policies (a learner and a policy worker
    each, agents mapped to policies at random: per env as in the paper, and per group of envs stepped together,

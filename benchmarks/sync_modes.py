@@ -5,7 +5,7 @@ For each env: full training runs with --sync_mode async (the baseline), hts and 
 same flags otherwise (for Doom the paper's model and batch: configs/doom.json "defaults"; in hts/ppo a training batch is
 one rollout of every env). Prints env frames/s (median of the steady-state 10-s windows), the ratio to async of the same
 round, and the policy lag each mode reported. The machines are shared and noisy: with --rounds R the modes run in turn R
-times and the median ratio is reported. Target (issue 17): hts >= 70% of async.
+times and the median ratio is reported. Target: hts >= 70% of async.
 
     python benchmarks/sync_modes.py --envs doom_basic doom_battle --num_workers 2 --duration 90 --rounds 2
 """

@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from sf.learning.checkpoint import weights_sha256
 from sf.model.normalization import RunningMeanStd
+from sf.utils.files import first_line
 
 # torchrun's variables: https://pytorch.org/docs/stable/elastic/run.html#environment-variables
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -110,12 +111,6 @@ class DistributedError(RuntimeError):
     stops_the_run = True
 
 
-def _first_line(e: BaseException, limit: int = 300) -> str:
-    text = str(e).strip().splitlines()
-    line = text[0] if text else type(e).__name__
-    return line if len(line) <= limit else line[:limit - 3] + "..."
-
-
 def init_learner_group(world: World, device, timeout_sec: float = 60.0) -> None:
     """Join the learners of all ranks into torch.distributed's default process group: nccl when `device` is CUDA,
     gloo otherwise; rendezvous env:// at world.master_addr:world.master_port (torchrun's MASTER_ADDR/MASTER_PORT,
@@ -146,7 +141,7 @@ def init_learner_group(world: World, device, timeout_sec: float = 60.0) -> None:
     except Exception as e:  # DistNetworkError, DistStoreError, ...: C++ text of several lines
         raise RuntimeError(f"rank {world.rank}/{world.world_size}: could not form the learners' {backend} group at "
                            f"MASTER_ADDR:MASTER_PORT {world.master_addr}:{world.master_port} within {timeout_sec:g} s "
-                           f"({type(e).__name__}: {_first_line(e)})") from e
+                           f"({type(e).__name__}: {first_line(e)})") from e
 
 
 def _group_size(group) -> int:
@@ -167,7 +162,7 @@ def _failed(what: str, e: BaseException) -> DistributedError:
     """One line: which collective failed on which rank, and the backend's first line (a peer died: at once; a peer
     stuck: after the group's timeout)."""
     return DistributedError(f"{what} failed on rank {dist.get_rank()}/{dist.get_world_size()} (a peer learner died or "
-                            f"is stuck): {_first_line(e)}")
+                            f"is stuck): {first_line(e)}")
 
 
 class GradientAllReduce:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from sf.cfg import ConfigError, RunError, cli_main, experiment_dir, resolve_device
+from sf.utils.files import replace_durably
 
 # torch, the model and the envs are imported where used: `--help` and bad flags answer at once.
 
@@ -48,7 +49,8 @@ def load_policy(cfg, obs_space, action_space, device, policy_id: int = 0):
     problem."""
     from sf.learning.learner import checkpoint_meta
     from sf.model.actor_critic import create_actor_critic
-    from sf.learning.checkpoint import CheckpointError, CheckpointManager, check_compatible, load_into
+    from sf.learning.checkpoint import CheckpointError, check_compatible, load_into
+    from sf.learning.checkpoint_store import CheckpointManager
     exp_dir = _check_experiment_dir(cfg)
     model = create_actor_critic(cfg, obs_space, action_space).to(device).eval()
     try:
@@ -91,7 +93,8 @@ def video_paths(cfg) -> tuple[Path, Path | None]:
 
 class _Output:
     """One file being encoded (FFmpeg container and stream), under a temporary name in its final directory until
-    finish() renames it. Creating the temporary file up front proves the directory writable before anything runs."""
+    finish() gives it its final name (fsynced, renamed, the directory fsynced). Creating the temporary file up front
+    proves the directory writable before anything runs."""
 
     def __init__(self, final: Path):
         self.final = final
@@ -116,7 +119,7 @@ class _Output:
             self._flush()
             self.container.close()
             self.container = None
-        os.replace(self.tmp, self.final)
+        replace_durably(self.tmp, self.final)  # fsynced first: a crash never leaves an empty file under the final name
 
     def _flush(self) -> None:
         self._encode(None)
@@ -348,14 +351,9 @@ def _play(cfg, spec, device, video):
             if video is not None and video.frames < cfg.video_frames:
                 video.add(env.render())
             actions = []
-            with torch.inference_mode():
-                for a, p in enumerate(players):
-                    obs_t = {k: torch.as_tensor(np.asarray(v)).unsqueeze(0).to(device) for k, v in obs[a].items()}
-                    out = models[p].forward_step(obs_t, rnn[a])
-                    dist = models[p].action_distribution(out.action_logits)
-                    action = (dist.mode() if cfg.eval_deterministic else dist.sample())[0].cpu().numpy()
-                    rnn[a] = out.new_rnn_states
-                    actions.append(action[0] if action.shape == (1,) and env.action_space.shape == () else action)
+            for a, p in enumerate(players):
+                action, rnn[a] = _act(models[p], obs[a], rnn[a], cfg.eval_deterministic, device)
+                actions.append(action[0] if action.shape == (1,) and env.action_space.shape == () else action)
             if multi:
                 obs, _, terminated, truncated, infos = env.step(actions)
             else:
@@ -385,11 +383,28 @@ def _play(cfg, spec, device, video):
     finally:
         env.close()
     if len(per_policy) > 1:
-        for p, eps in per_policy.items():
-            if eps:
-                extra = "".join(f", {k} mean {np.mean([e[k] for e in eps]):.2f}" for k in ("score", "win") if k in eps[0])
-                print(f"Policy {p}: {len(eps)} episodes, reward mean {np.mean([e['reward'] for e in eps]):.3f}{extra}")
+        _print_policy_summary(per_policy)
     return rewards, lengths, frames
+
+
+def _act(model, obs: dict, rnn_state, deterministic: bool, device):
+    """One agent's action for one observation (each key's array, unbatched): (the action as a numpy array, unbatched:
+    [] or [heads], the new recurrent state [1, H])."""
+    import torch
+    with torch.inference_mode():
+        obs_t = {k: torch.as_tensor(np.asarray(v)).unsqueeze(0).to(device) for k, v in obs.items()}
+        out = model.forward_step(obs_t, rnn_state)
+        dist = model.action_distribution(out.action_logits)
+        action = (dist.mode() if deterministic else dist.sample())[0].cpu().numpy()
+    return action, out.new_rnn_states
+
+
+def _print_policy_summary(per_policy: dict) -> None:
+    """A match between policies: one line per policy that finished episodes (reward mean, score and win rate)."""
+    for p, eps in per_policy.items():
+        if eps:
+            extra = "".join(f", {k} mean {np.mean([e[k] for e in eps]):.2f}" for k in ("score", "win") if k in eps[0])
+            print(f"Policy {p}: {len(eps)} episodes, reward mean {np.mean([e['reward'] for e in eps]):.3f}{extra}")
 
 
 def main(argv=None, *, prog: str | None = None) -> int:

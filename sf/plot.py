@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sf.cfg import ConfigError, RunError, _OneLineParser, run_guarded
+from sf.cfg import ConfigError, OneLineArgumentParser, RunError, run_guarded
+from sf.utils.files import write_atomic
 
 # matplotlib and tensorboard are imported where used: importing this module (sf.runner.stats does, lazily) and
 # answering --help or bad input stay fast.
@@ -167,8 +168,8 @@ def panel_series(runs: dict[str, dict[str, list[tuple[int, float, float]]]], pan
 
 def render(series: dict[str, list[Series]], unit: str, labels: list[str], smooth: float, out: Path,
            title: str | None = None) -> None:
-    """Draws the panels of `series` (from `panel_series`) into a PNG at `out`, written to a temporary name beside it
-    and renamed, so `out` is either the previous file or the complete new one. labels fixes each experiment's colour.
+    """Draws the panels of `series` (from `panel_series`) into a PNG at `out`, written atomically (write_atomic), so
+    `out` is either the previous file or the complete new one. labels fixes each experiment's colour.
     Raises OSError when the file cannot be written."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -217,12 +218,7 @@ def render(series: dict[str, list[Series]], unit: str, labels: list[str], smooth
             ax.legend(fontsize="small", loc="best")
     if title:
         fig.suptitle(title)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(out, lambda f: fig.savefig(f, format="png"))
 
 
 # --- command line ---
@@ -301,8 +297,8 @@ def parse_panels(text: str) -> list[str]:
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog=prog, allow_abbrev=False,
-                            description="Learning curves (PNG) from the TensorBoard event files of experiments.")
+    parser = OneLineArgumentParser(prog=prog, allow_abbrev=False,
+                                   description="Learning curves (PNG) from the TensorBoard event files of experiments.")
     parser.add_argument("exp_dirs", nargs="+", type=Path, metavar="EXPERIMENT_DIR",
                         help="experiment directories, such as train_dir/<experiment>; one line each per panel")
     parser.add_argument("--out", type=Path, default=None,

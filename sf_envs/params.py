@@ -1,13 +1,13 @@
-"""Env-level parameters: one table, read by `sf/cfg.py` (command-line flags) and by the env code.
+"""Env-level parameters: one table, read by `sf/cfg/` (command-line flags) and by the env code.
 
 Every entry is `dict(name, type, default, help, choices=None, **extra)` and says which values are valid
-(sf/cfg.py checks them for the command line, presets and saved config.json alike): a number declares
+(sf/cfg/ checks them for the command line, presets and saved config.json alike): a number declares
 `min_value` and `max_value` (inclusive unless `min_exclusive` / `max_exclusive` is True; floats must also be
 finite), a string `choices` or `check` ("path": non-empty, no control characters); a default of None makes
 None a valid value too. The env code reads them as attributes of the cfg namespace through
 `get_param(cfg, name)`, which falls back to the table default when a cfg (e.g. a hand-made
 `types.SimpleNamespace` in a test) lacks the attribute. `env_cfg(env, **overrides)` builds a complete
-namespace from these defaults, for tests and scripts that do not use `sf/cfg.py`.
+namespace from these defaults, for tests and scripts that do not use `sf/cfg/`.
 
 Reward-shaping coefficients are the values of Sample Factory's VizDoom reward-shaping scheme
 (paper, appendix A.3); "per unit" means per unit of change of the game variable between two steps.

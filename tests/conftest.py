@@ -1,4 +1,10 @@
-"""Shared test helpers: the repository root on sys.path and a way to run the entry points for real."""
+"""What every test gets: the repository root and tests/ on sys.path, a way to run the entry points for real (fixture
+`entry`) and one torch thread.
+
+tests/ mirrors sf/ (tests/sampling, tests/learning, tests/runner, ...). Helpers shared across its folders are modules
+beside this file, imported by name: e2e_helpers (running train.py and torchrun, the repository root, free ports),
+sampling_helpers (the sampling stage stepped in this process), model_test_helpers (small cfgs, spaces, batches).
+Tests that start processes carry the marker e2e: `pytest -m "not e2e"` (make test-fast) is the fast loop."""
 import os
 import subprocess
 import sys
@@ -7,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests"):  # the package, and shared helpers such as tests/model_test_helpers.py
+for path in (ROOT, ROOT / "tests"):  # the package, and the shared helper modules beside this file
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

@@ -31,6 +31,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 MARK_VAR = "SF_TEST_BAD_INPUT_RUN"  # every process of one run inherits it: how leftovers are found
 
@@ -561,7 +563,7 @@ def test_saved_config_is_a_directory(world, tmp_path, script):
 
 @pytest.mark.parametrize("script", ["train.py"])
 def test_garbage_checkpoint(world, tmp_path, script):
-    """A latest checkpoint that is not one: refused in one line (exit 2). By design (sf/learning/checkpoint.py) the file
+    """A latest checkpoint that is not one: refused in one line (exit 2). By design (sf/learning/checkpoint_store.py) the file
     is moved into checkpoint_p0/rejected/ -- its bytes are kept, nothing is deleted."""
     td = tmp_path / "td"
     shutil.copytree(world.exp, td / "exp", symlinks=True)

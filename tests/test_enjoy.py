@@ -29,6 +29,7 @@ def trained(tmp_path_factory, entry):
     return train_dir
 
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_enjoy_headless_video(trained, entry):
     res = entry("enjoy.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", trained, "--no_render",
@@ -47,6 +48,7 @@ def test_enjoy_headless_video(trained, entry):
     env.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_enjoy_reports_episodes(trained, entry):
     res = entry("enjoy.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", trained, "--no_render",
@@ -62,6 +64,7 @@ def _one_line_error(res, needle):
     assert len(lines) == 1 and "Traceback" not in res.stderr and needle in lines[0], res.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_enjoy_errors(trained, entry, tmp_path):
     _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "nope", "--train_dir", trained), "does not exist")
@@ -170,6 +173,7 @@ def test_video_writer_failure_leaves_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.mp4"]
 
 
+@pytest.mark.e2e
 def test_enjoy_module_video_and_gif(corridor):
     res = run_module("--env", "test_corridor", "--experiment", "corridor", "--train_dir", corridor, "--no_render",
                      "--device", "cpu", "--save_video", "--video_gif", "--video_frames", "30", "--max_num_frames", "80")
@@ -190,6 +194,7 @@ def test_enjoy_module_video_and_gif(corridor):
     assert not [p for p in (corridor / "corridor").iterdir() if p.name.endswith(".part")]
 
 
+@pytest.mark.e2e
 def test_enjoy_module_help():
     res = run_module("--help", timeout=60)
     assert res.returncode == 0, res.stderr
@@ -211,6 +216,7 @@ def _bad_video_paths(tmp):
     return cases
 
 
+@pytest.mark.e2e
 def test_enjoy_bad_video_path(tmp_path, entry):
     """One line naming the directory, exit 2, before the env starts: an experiment without a checkpoint would
     otherwise fail with 'no latest checkpoint'."""
@@ -224,6 +230,7 @@ def test_enjoy_bad_video_path(tmp_path, entry):
     assert not list((tmp_path / "td" / "exp").iterdir())
 
 
+@pytest.mark.e2e
 def test_enjoy_failed_run_leaves_no_video(tmp_path, entry):
     (tmp_path / "exp").mkdir()  # no checkpoint: fails after the video files were reserved
     res = entry("enjoy.py", "--env", "test_corridor", "--experiment", "exp", "--train_dir", tmp_path, "--no_render",

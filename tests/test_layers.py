@@ -20,7 +20,8 @@ LAYERS = [
 # and within a layer, these never import each other
 SEPARATE = [{"sf.learning", "sf.sampling"}]
 # where a module may import the env integrations: where envs are made, listed or configured
-MAY_IMPORT_ENVS = {"sf.cfg", "sf.sampling", "sf.runner.runner", "sf.runner.fork_server", "sf.enjoy"}
+MAY_IMPORT_ENVS = {"sf.cfg", "sf.sampling", "sf.runner.runner", "sf.runner.preflight", "sf.runner.fork_server",
+                   "sf.enjoy"}
 
 
 def unit(module: str) -> str:

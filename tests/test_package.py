@@ -70,6 +70,7 @@ def venv(wheel, tmp_path_factory):
     return venv
 
 
+@pytest.mark.e2e
 def test_wheel_holds_presets_extension_and_entry_points(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -80,6 +81,7 @@ def test_wheel_holds_presets_extension_and_entry_points(wheel):
     assert not any(n.startswith(("tests/", "configs/", "cpp/", "data/")) for n in names)
 
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_installed_copy_trains_doom_basic_with_its_preset(venv, tmp_path):
     pytest.importorskip("vizdoom", reason="vizdoom is not installed: the installed copy's doom_basic run needs it")
@@ -121,7 +123,7 @@ def test_installed_copy_trains_doom_basic_with_its_preset(venv, tmp_path):
 
 
 def test_missing_preset_is_one_line_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sf.cfg, "CONFIGS_DIR", tmp_path / "nowhere")
+    monkeypatch.setattr(sf.cfg.parse, "CONFIGS_DIR", tmp_path / "nowhere")
     for family, env in [("doom", "doom_basic"), ("test", "test_corridor")]:
         with pytest.raises(ConfigError) as e:
             load_preset(env, family)

@@ -168,6 +168,7 @@ def test_time_unit_and_labels():
 
 # --- the command line ---
 
+@pytest.mark.e2e
 def test_cli_writes_a_png_with_both_experiments(fake_train_dir, tmp_path):
     train_dir, _ = fake_train_dir
     out = tmp_path / "curves.png"
@@ -251,12 +252,14 @@ def test_name_too_long_is_one_line_and_exit_1(fake_train_dir, tmp_path, capsys, 
     assert lines[0].endswith(": File name too long") and str(long) in lines[0]
 
 
+@pytest.mark.e2e
 def test_bad_input_from_the_real_command_line(tmp_path):
     res = run_plot_cli(tmp_path / "nope")
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and str(tmp_path / "nope") in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.e2e
 def test_reading_is_imported_only_when_used():
     code = ("import sys, sf.runner.stats, sf.plot; "
             "print(sorted(m for m in ('tensorboard', 'matplotlib') if m in sys.modules))")
@@ -266,6 +269,7 @@ def test_reading_is_imported_only_when_used():
 
 # --- a real run ---
 
+@pytest.mark.e2e
 def test_plots_a_real_tiny_training_run(tmp_path, entry):
     small = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",
              "--encoder_mlp_layers", "32", "--num_envs_per_worker", "4", "--experiment_summaries_interval", "1",

@@ -320,7 +320,7 @@ bool wait_for_waiters(const cq_handle &h, uint32_t cons, uint32_t prods) {
     return false;
 }
 
-// Sleepers SIGKILLed in get and in put are not counted as waiting any more (issue 15): their robust
+// Sleepers SIGKILLed in get and in put are not counted as waiting any more, so that a waker never skips a live sleeper: their robust
 // waiter slots are found dead and reaped, and the wake hints follow.
 void test_killed_sleepers_are_not_counted() {
     Region r(256, 2);

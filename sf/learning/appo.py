@@ -85,10 +85,42 @@ class APPO:
 
     # --- one SGD step ---
     def _sgd_step(self, mb: dict, version: int) -> tuple[dict, bool]:
+        """One minibatch `mb` (storage layout, n trajectories of T steps): forward, targets, loss, backward, optimizer
+        step. Returns (stats, whether the optimizer stepped)."""
         cfg, model = self.cfg, self.model
-        rewards = mb["rewards"]
-        n, t_len = rewards.shape
+        n, t_len = mb["rewards"].shape
         num = float(n * t_len)
+        valid, lag_stats = self._valid_steps(mb, version)
+        # every sample too old: nothing to learn, no forward, no step, no new version (data-parallel learners still go
+        # through the step: the others wait for this rank's gradients; none of them steps if no rank had any)
+        if lag_stats[3] == 0 and self.grad_hook is None:
+            return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False
+        seq_dones = torch.nn.functional.pad(mb["dones"], (0, 1))  # [n, T+1]; the done of step T is never used
+        normalize_returns = getattr(model, "returns_normalizer", None) is not None and cfg.normalize_returns
+
+        logits, values = model.forward_sequence(mb["obs"], mb["rnn_states"], seq_dones, cfg.recurrence,
+                                                normalized_values=normalize_returns)
+        logits = logits.transpose(0, 1)[:t_len]  # [T, n, L]
+        values = values.transpose(0, 1)  # [T+1, n]
+        behavior_log_probs = mb["log_probs"].t()
+        dist = model.action_distribution(logits)
+        log_probs = dist.log_prob(mb["actions"].transpose(0, 1))  # actions [T, n, A]
+        entropy = dist.entropy()
+        targets, advantages, behavior_values = self._targets(mb, values, log_probs, behavior_log_probs, valid,
+                                                             normalize_returns)
+
+        terms = appo_loss(log_probs, behavior_log_probs, advantages, values[:t_len], behavior_values, targets, entropy,
+                          valid, clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
+                          value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=self.exploration_loss_coeff,
+                          normalize_advantage=cfg.normalize_advantage)
+        grad_norm, stepped = self._optimizer_step(terms["loss"])
+        out = self._loss_stats(mb, terms, dist, valid, grad_norm)
+        out.update(zip(("lag_min", "lag_avg", "lag_max"), lag_stats))
+        return self._stats(out, num, lag_stats[3]), stepped
+
+    def _valid_steps(self, mb: dict, version: int) -> tuple[torch.Tensor, list[float]]:
+        """valid [T, n] bool: the steps to learn from (policy lag <= max_policy_lag and, in a population, acted by this
+        policy); and [lag min, mean, max, number of valid steps] (floats) for the stats."""
         lag = version - mb["policy_versions"].t()  # [T, n]
         valid = lag <= self.max_policy_lag
         own = mb.get("own")  # [n, T] bool, populations: steps this policy acted (others are masked, lag unknown)
@@ -98,57 +130,45 @@ class APPO:
             valid = valid & own
             lag_f = lag_f[own] if bool(own.any()) else lag_f
         num_valid = valid.sum()
-        lag_stats = torch.stack([lag_f.min(), lag_f.mean(), lag_f.max(), num_valid.float()]).tolist()
-        # every sample too old: nothing to learn, no forward, no step, no new version (data-parallel learners still go
-        # through the step: the others wait for this rank's gradients; none of them steps if no rank had any)
-        if lag_stats[3] == 0 and self.grad_hook is None:
-            return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False
-        dones = mb["dones"]
-        seq_dones = torch.nn.functional.pad(dones, (0, 1))  # [n, T+1]; the done of step T is never used
-        normalize_returns = getattr(model, "returns_normalizer", None) is not None and cfg.normalize_returns
+        return valid, torch.stack([lag_f.min(), lag_f.mean(), lag_f.max(), num_valid.float()]).tolist()
 
-        logits, values = model.forward_sequence(mb["obs"], mb["rnn_states"], seq_dones, cfg.recurrence,
-                                                normalized_values=normalize_returns)
-        logits = logits.transpose(0, 1)[:t_len]  # [T, n, L]
-        values = values.transpose(0, 1)  # [T+1, n]
-
-        actions = mb["actions"].transpose(0, 1)  # [T, n, A]
-        behavior_log_probs = mb["log_probs"].t()
+    @torch.no_grad()
+    def _targets(self, mb: dict, values: torch.Tensor, log_probs: torch.Tensor, behavior_log_probs: torch.Tensor,
+                 valid: torch.Tensor, normalize_returns: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(value targets, advantages, behaviour values), [T, n] each, by V-trace or GAE: values [T+1, n] (the model's
+        output, normalized when `normalize_returns`) bootstrap from step T; a truncated step from the value of its final
+        observation. With `normalize_returns` the returns normalizer learns the valid targets, and the targets and the
+        behaviour values are normalized."""
+        cfg, model = self.cfg, self.model
+        t_len = log_probs.shape[0]
         behavior_values = mb["values"].t()
-        rewards_tm = rewards.t()
-        discounts = cfg.gamma * (1.0 - dones.t())
+        rewards = mb["rewards"].t()
+        discounts = cfg.gamma * (1.0 - mb["dones"].t())
+        v = values.detach()
+        if normalize_returns:
+            v = model.returns_normalizer.denormalize(v)
+        truncated = mb["truncated"].t()  # [T, n]
+        boot = None
+        if bool(truncated.any()):
+            boot = truncation_bootstrap(truncated, self._final_values(mb, v[:t_len]), cfg.gamma)
+        if cfg.with_vtrace:
+            vt = vtrace(behavior_log_probs, log_probs.detach(), rewards, v[:t_len], v[t_len], discounts,
+                        rho_bar=cfg.vtrace_rho, c_bar=cfg.vtrace_c, truncation_bootstrap=boot)
+            targets, advantages = vt.vs, vt.advantages
+        else:
+            est = gae(rewards, v[:t_len], v[t_len], discounts, cfg.gae_lambda, truncation_bootstrap=boot)
+            targets, advantages = est.returns, est.advantages
+        if normalize_returns:
+            model.returns_normalizer.update(targets, valid)
+            targets = model.returns_normalizer.normalize(targets)
+            behavior_values = model.returns_normalizer.normalize(behavior_values)
+        return targets, advantages, behavior_values
 
-        dist = model.action_distribution(logits)
-        log_probs = dist.log_prob(actions)
-        entropy = dist.entropy()
-
-        with torch.no_grad():
-            v = values.detach()
-            if normalize_returns:
-                v = model.returns_normalizer.denormalize(v)
-            truncated = mb["truncated"].t()  # [T, n]
-            boot = None
-            if bool(truncated.any()):
-                boot = truncation_bootstrap(truncated, self._final_values(mb, v[:t_len]), cfg.gamma)
-            if cfg.with_vtrace:
-                targets, advantages = vtrace(behavior_log_probs, log_probs.detach(), rewards_tm, v[:t_len], v[t_len],
-                                             discounts, rho_bar=cfg.vtrace_rho, c_bar=cfg.vtrace_c,
-                                             truncation_bootstrap=boot)
-            else:
-                advantages, targets = gae(rewards_tm, v[:t_len], v[t_len], discounts, cfg.gae_lambda,
-                                          truncation_bootstrap=boot)
-            if normalize_returns:
-                model.returns_normalizer.update(targets, valid)
-                targets = model.returns_normalizer.normalize(targets)
-                behavior_values = model.returns_normalizer.normalize(behavior_values)
-
-        terms = appo_loss(log_probs, behavior_log_probs, advantages, values[:t_len], behavior_values, targets, entropy,
-                          valid, clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
-                          value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=self.exploration_loss_coeff,
-                          normalize_advantage=cfg.normalize_advantage)
-
+    def _optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Backward, gradient hook, clip, Adam step. Returns (gradient norm before clipping, whether it stepped)."""
+        cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
-        terms["loss"].backward()
+        loss.backward()
         if self.grad_hook is not None:  # before clipping: the clip and the step must see the averaged gradients
             self.grad_hook()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm and cfg.max_grad_norm > 0 else float("inf")
@@ -156,20 +176,22 @@ class APPO:
         stepped = bool(torch.isfinite(grad_norm)) and (self.grad_hook is None or float(grad_norm) > 0)
         if stepped:  # a non-finite gradient would destroy the weights: skip the step (grad_norm shows it)
             self.optimizer.step()
+        return grad_norm, stepped
 
-        with torch.no_grad():
-            ratio = terms["ratio"]
-            eps = cfg.ppo_clip_ratio
-            clipped = (ratio > 1.0 + eps) | (ratio < 1.0 / (1.0 + eps))
-            kl = model.action_distribution(mb["action_logits"].transpose(0, 1)).kl_divergence(dist)
-            values = torch.stack([
-                terms["loss"].detach(), terms["policy_loss"].detach(), terms["value_loss"].detach(), terms["entropy"],
-                masked_mean(kl, valid), masked_mean(clipped.float(), valid), grad_norm.float(),
-            ]).tolist()
-        out = dict(zip(("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm"),
-                       values))
-        out.update(zip(("lag_min", "lag_avg", "lag_max"), lag_stats))
-        return self._stats(out, num, lag_stats[3]), stepped
+    @torch.no_grad()
+    def _loss_stats(self, mb: dict, terms: dict, dist, valid: torch.Tensor, grad_norm: torch.Tensor) -> dict:
+        """The loss terms, the KL divergence from the behaviour policy, the clipped fraction and the gradient norm as
+        floats (means over the valid steps)."""
+        ratio = terms["ratio"]
+        eps = self.cfg.ppo_clip_ratio
+        clipped = (ratio > 1.0 + eps) | (ratio < 1.0 / (1.0 + eps))
+        kl = self.model.action_distribution(mb["action_logits"].transpose(0, 1)).kl_divergence(dist)
+        values = torch.stack([
+            terms["loss"].detach(), terms["policy_loss"].detach(), terms["value_loss"].detach(), terms["entropy"],
+            masked_mean(kl, valid), masked_mean(clipped.float(), valid), grad_norm.float(),
+        ]).tolist()
+        return dict(zip(("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm"),
+                        values))
 
     @torch.no_grad()
     def _final_values(self, mb: dict, values: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,22 @@
 """Generalized advantage estimation (Schulman et al. 2016), time-major [T, B] like sf.learning.vtrace."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+from sf.learning.vtrace import reverse_discounted_sum
+
+
+class GAEReturns(NamedTuple):
+    """gae()'s results, float32 [T, B] each, without gradient."""
+    advantages: torch.Tensor  # A_t
+    returns: torch.Tensor  # lambda-returns A_t + V(x_t): the value targets
 
 
 @torch.no_grad()
 def gae(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torch.Tensor, discounts: torch.Tensor,
-        lam: float, truncation_bootstrap: torch.Tensor | None = None):
+        lam: float, truncation_bootstrap: torch.Tensor | None = None) -> GAEReturns:
     r"""GAE(gamma, lambda) advantages and lambda-returns, computed without gradient.
 
     Notation: T is the rollout length (first dim), B the batch size (second dim);
@@ -29,7 +39,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torch.Tens
       truncation_bootstrap: optional float32 [T, B], gamma * V(final observation) at truncated steps, 0 elsewhere.
 
     Returns:
-      (advantages, returns): float32 [T, B] each.
+      GAEReturns(advantages, returns): float32 [T, B] each.
     """
     values = values.float()
     values_next = torch.cat([values[1:], bootstrap_value.float().unsqueeze(0)], dim=0)
@@ -37,10 +47,5 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torch.Tens
     if truncation_bootstrap is not None:
         rewards = rewards.float() + truncation_bootstrap.float()
     deltas = rewards.float() + discounts * values_next - values
-    decay = discounts * lam
-    advantages = torch.empty_like(values)
-    acc = torch.zeros_like(values[0])
-    for t in range(values.shape[0] - 1, -1, -1):
-        acc = deltas[t] + decay[t] * acc
-        advantages[t] = acc
-    return advantages, advantages + values
+    advantages = reverse_discounted_sum(deltas, discounts * lam, out=torch.empty_like(values))
+    return GAEReturns(advantages=advantages, returns=advantages + values)

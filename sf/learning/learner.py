@@ -59,8 +59,9 @@ import torch
 
 from sf import distributed
 from sf.learning.appo import APPO, cfg_hyperparams
-from sf.learning.checkpoint import (CheckpointManager, check_compatible, load_into, make_checkpoint_state, model_signature,
+from sf.learning.checkpoint import (check_compatible, load_into, make_checkpoint_state, model_signature,
                                     restore_rng_states, weights_sha256)
+from sf.learning.checkpoint_store import CheckpointManager
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, SLOT_FREE,
@@ -93,7 +94,7 @@ class Learner:
         it knows no env). queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
         replacement: this learner replaces one that died (see the module docstring). world: the data-parallel ranks
         (torchrun; default one rank)."""
-        self.cfg, self.buffers, self.q = cfg, buffers, queues
+        self.cfg, self.buffers, self.queues = cfg, buffers, queues
         self.policy_id, self.all_weights = policy_id, all_weights or [shared_weights]
         self.population = getattr(cfg, "num_policies", 1) > 1
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
@@ -195,7 +196,7 @@ class Learner:
         saved = self.checkpoints.holds(self.version, self.env_steps)
         if saved is not None:  # nothing trained since it was written or loaded: nothing is rewritten, no best relabelled
             if final:  # (it is the final checkpoint, on disk already)
-                self.q.report.put(("checkpoint", str(saved), final))
+                self.queues.report.put(("checkpoint", str(saved), final))
             self.last_save = time.time()
             return
         extra = {"minibatch_rng": self.appo.generator.get_state(), "policy_id": self.policy_id,
@@ -209,7 +210,7 @@ class Learner:
         metric, episodes = float(self.state.best_metric[self.policy_id, 0]), int(self.state.best_metric[self.policy_id, 1])
         if episodes > 0 and self.env_steps >= self.cfg.save_best_after:
             self.checkpoints.save_best(state, self.version, self.env_steps, metric)
-        self.q.report.put(("checkpoint", str(path), final))
+        self.queues.report.put(("checkpoint", str(path), final))
         self.last_save = time.time()
 
     # --- population-based training ---
@@ -257,9 +258,9 @@ class Learner:
             self.model.load_state_dict(self.copy_scratch.state_dict())
             self.appo.optimizer.state = collections.defaultdict(dict)  # moments of other weights: start afresh
             self._publish(self.version + 1)
-            self.q.report.put(("pbt_copied", p, source, copied, self.version))
+            self.queues.report.put(("pbt_copied", p, source, copied, self.version))
         else:
-            self.q.report.put(("pbt_copy_abandoned", p, source, reason))
+            self.queues.report.put(("pbt_copy_abandoned", p, source, reason))
         self.state.copy_requests[p, COPIES_HANDLED] = requested
         self.copy_pending = None
 
@@ -321,7 +322,8 @@ class Learner:
         self.moving[row] += 1
         try:
             if not self.census[0]:
-                taken = self.q.learner.get_many(timeout=timeout, max_messages_to_get=self.trajs_per_batch - len(self.pending))
+                taken = self.queues.learner.get_many(timeout=timeout,
+                                                     max_messages_to_get=self.trajs_per_batch - len(self.pending))
                 self.slot_owner[taken] = self.held
                 return taken
         except queue.Empty:
@@ -344,7 +346,7 @@ class Learner:
             time.sleep(0.002)
         self.released_frames = frames
         self.slot_owner[slots] = SLOT_FREE
-        self.q.free.put_many(slots)
+        self.queues.free.put_many(slots)
         self.state.released_np[p] = 2 * frames
 
     # --- training ---
@@ -358,7 +360,7 @@ class Learner:
     def _trained(self, stats: list) -> None:
         self.env_steps += self.trajs_per_batch * self.frames_per_traj
         self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
-        self.q.report.put(("train", stats, self.version, self.env_steps, self.policy_id))
+        self.queues.report.put(("train", stats, self.version, self.env_steps, self.policy_id))
         if time.time() - self.last_save > self.cfg.save_every_sec:
             self.save()
 
@@ -479,7 +481,8 @@ class Learner:
         if self.population:  # the runner's last decisions: in force in the final checkpoint too
             self.apply_population_updates(last=True)
         self.save(final=True)
-        self.q.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps, self.policy_id))
+        self.queues.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps,
+                                self.policy_id))
         self.state.learner[self.policy_id, FINISHED] = 1.0
 
 

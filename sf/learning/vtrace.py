@@ -5,13 +5,21 @@ that are zero at episode ends (so the traces stop there).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class VTraceReturns(NamedTuple):
+    """vtrace()'s results, float32 [T, B] each, without gradient."""
+    vs: torch.Tensor  # the value targets v_s
+    advantages: torch.Tensor  # the policy-gradient advantages rho_s (r_s + gamma_s v_{s+1} - V(x_s))
 
 
 @torch.no_grad()
 def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rewards: torch.Tensor,
            values: torch.Tensor, bootstrap_value: torch.Tensor, discounts: torch.Tensor,
-           rho_bar: float = 1.0, c_bar: float = 1.0, truncation_bootstrap: torch.Tensor | None = None):
+           rho_bar: float = 1.0, c_bar: float = 1.0, truncation_bootstrap: torch.Tensor | None = None) -> VTraceReturns:
     r"""V-trace targets `vs` and policy-gradient advantages, computed without gradient.
 
     Notation: T is the rollout length (time dimension, first), B the batch size (trajectories, second).
@@ -49,7 +57,7 @@ def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rew
         after step t, 0 elsewhere (see truncation_bootstrap()).
 
     Returns:
-      (vs, pg_advantages): float32 [T, B] each, without gradient. vs are the value targets v_s.
+      VTraceReturns(vs, advantages): float32 [T, B] each, without gradient.
     """
     ratios = torch.exp(target_log_probs.float() - behavior_log_probs.float())
     rhos = torch.clamp(ratios, max=rho_bar)
@@ -61,19 +69,22 @@ def vtrace(behavior_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rew
 
     values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)  # V(x_{t+1})
     deltas = rhos * (rewards + discounts * values_next - values)
-    dc = discounts * cs
-
-    num_steps = values.shape[0]
-    vs_minus_v = torch.empty_like(values)
-    acc = torch.zeros_like(bootstrap_value)
-    for t in range(num_steps - 1, -1, -1):
-        acc = deltas[t] + dc[t] * acc
-        vs_minus_v[t] = acc
+    vs_minus_v = reverse_discounted_sum(deltas, discounts * cs, out=torch.empty_like(values))
     vs = vs_minus_v + values
 
     vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
-    pg_advantages = rhos * (rewards + discounts * vs_next - values)
-    return vs, pg_advantages
+    return VTraceReturns(vs=vs, advantages=rhos * (rewards + discounts * vs_next - values))
+
+
+def reverse_discounted_sum(deltas: torch.Tensor, decays: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[t] = deltas[t] + decays[t] * out[t+1] for t = T-1 .. 0, with out[T] = 0: the backward recursion of V-trace
+    (decays gamma_t c_t) and GAE (decays gamma_t lambda), one [B] vector per step. deltas, decays, out: float32
+    [T, B]; `out` is written in place and returned (its memory layout is the caller's choice)."""
+    acc = torch.zeros_like(out[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        acc = deltas[t] + decays[t] * acc
+        out[t] = acc
+    return out
 
 
 @torch.no_grad()

@@ -66,7 +66,7 @@ class ConvEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, C, H, W] (uint8 or float) -> [B, hidden_size]. On CPU a large batch is run in blocks of
         `cpu_block` frames: the activations of a block stay in cache in the forward and in the backward
-        pass (the whole learner step measured ~1.7x faster than with one 2112-frame convolution, see
+        pass (the whole learner step is faster than with one convolution over all the frames, see
         benchmarks/learner_step.py --cpu_block 0)."""
         first = self.convs[0]
         weight = first.weight * self.scale if self.scale != 1.0 else first.weight

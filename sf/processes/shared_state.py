@@ -167,7 +167,7 @@ class SharedState:
         return list(self._heartbeat_slots)
 
     def beat(self, slot: int) -> None:
-        """A sign of life of the process owning `slot` (heartbeat_slot(its name)); ~0.2 us, fine in a step loop."""
+        """A sign of life of the process owning `slot` (heartbeat_slot(its name)); cheap enough for a step loop."""
         self._heartbeats_np[slot] = time.monotonic()
 
     def set_started(self, slot: int, started: bool = True) -> None:

@@ -22,7 +22,7 @@ import sf.sampling.rollout_worker  # noqa: E402,F401
 
 
 def _warm_up() -> None:
-    """One Adam step on a tiny model: torch imports much on first use (torch._dynamo, sympy: ~3 s of CPU here), which
+    """One Adam step on a tiny model: torch imports much on first use (torch._dynamo, sympy: seconds of CPU), which
     the learner would otherwise do at each start, silent for the stall watchdog. One thread: no thread pool exists in
     this process when it forks."""
     torch.set_num_threads(1)

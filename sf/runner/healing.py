@@ -40,11 +40,15 @@ What a kill can lose (--rollout T, a worker of A agents, batches of B = batch_si
     policy worker   none                                                      0
 
 Crash loops: more than --max_restarts_per_hour deaths of one process kind within the last hour end the run.
+
+The runner finds the death (and decides whether it may be healed at all); Healer.replace makes whole what the dead
+process left, in the order above, and starts its replacement through the runner.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import re
 import signal
 import time
@@ -54,7 +58,9 @@ from typing import Callable
 import numpy as np
 
 from sf.processes.shared_state import ENV_STEPS, SLOT_FREE, learner_name, slot_held, slot_queued
+from sf.runner.supervision import kill_adopted
 
+log = logging.getLogger("sf")
 KINDS = ("rollout_worker", "policy_worker", "learner")
 SERVING_WAIT_SEC = 10.0  # a policy worker's batch takes milliseconds; one stuck longer is the stall watchdog's business
 # a move takes microseconds, or up to a queue wait's timeout (0.1 s); a process still inside one after this is stopped or
@@ -65,6 +71,12 @@ CENSUS_WAIT_SEC = 5.0
 def process_kind(name: str) -> str:
     """rollout_worker_3 -> rollout_worker, policy_worker_p1_0 -> policy_worker, learner_p2 / learner -> learner."""
     return re.sub(r"(_p\d+)?(_\d+)?$", "", name)
+
+
+def policy_worker_of(name: str) -> tuple[int, int]:
+    """policy_worker_3 -> (0, 3); policy_worker_p1_0 -> (1, 0)."""
+    parts = name[len("policy_worker_"):].split("_")
+    return (int(parts[0][1:]), int(parts[1])) if len(parts) == 2 else (0, int(parts[0]))
 
 
 def exit_cause(exitcode: int | None) -> str:
@@ -109,6 +121,53 @@ class Healer:
     def summary(self) -> str:
         return (f"{sum(self.totals.values())} restarts (rollout workers {self.totals['rollout_worker']}, policy workers "
                 f"{self.totals['policy_worker']}, learners {self.totals['learner']}), {self.lost_frames} env frames lost")
+
+    # --- replacement ---
+    def replace(self, name: str, proc, cause: str, procs: dict, env_slots, own_children: set[int],
+                starters: dict[str, Callable[..., str]]) -> bool:
+        """Start a process in place of `name`, which died (`proc`, of `cause`), once what it left is made whole; False
+        (logged, nothing done) if that would be one restart too many (a crash loop: the run is to stop).
+        procs: the run's processes by name (the replacement joins it); env_slots: [W, agents per worker, (slot, t,
+        policy)]; own_children: pids of the runner's own children (the others are adopted orphans: a dead worker's env
+        engines); starters: per process kind, the runner's start of one (rollout_worker(w), policy_worker(p, i),
+        learner(p) as a replacement), returning its name."""
+        kind = process_kind(name)
+        if not self.allowed(kind):
+            log.error("%s %s: %d %ss died within the last hour (--max_restarts_per_hour %d), a crash loop; stopping "
+                      "the run", name, cause, self.max_per_hour, kind.replace("_", " "), self.max_per_hour)
+            return False
+        proc.join(timeout=1.0)
+        slots, W = Reclaimed(), self.cfg.num_workers
+        alive = lambda: {n for n, q in procs.items() if q.is_alive()}  # noqa: E731
+        serving = lambda: [self.state.serving_index(*policy_worker_of(n))  # noqa: E731
+                           for n, q in procs.items() if process_kind(n) == "policy_worker" and q.is_alive()]
+        if kind == "rollout_worker":
+            w = int(name.rsplit("_", 1)[1])
+            kill_adopted(own_children)  # its env engines (adopted by the runner) and their shared memory
+            self.void_requests([w])
+            if not self.wait_for_policy_workers(serving()):
+                log.warning("a policy worker is still serving requests of %s; reusing its slots anyway", name)
+            self.drop_replies(w)
+            slots = self.reclaim_worker_slots(w, env_slots[w].numpy(), self.cfg.rollout, alive)
+            self.release([w])
+            new = starters[kind](w)
+        elif kind == "policy_worker":
+            p, i = policy_worker_of(name)
+            workers = list(range(W))
+            self.void_requests(workers)  # it may have taken requests it never answered: every worker asks again
+            if not self.wait_for_policy_workers(serving()):
+                log.warning("a policy worker is still serving requests voided at the death of %s", name)
+            self.release(workers)
+            new = starters[kind](p, i)
+        else:
+            p = int(name[len("learner_p"):]) if name.startswith("learner_p") else 0
+            slots = self.reclaim_learner_slots(p, name, alive)
+            new = starters[kind](p)
+        count = self.record(kind, slots.lost_frames)
+        log.warning("Restarted %s (pid %d) after it %s: restart %d of %ss this hour (--max_restarts_per_hour %d); %s%d "
+                    "env frames lost", new, procs[new].pid, cause, count, kind.replace("_", " "), self.max_per_hour,
+                    slots.describe(), slots.lost_frames)
+        return True
 
     # --- requests in flight ---
     def void_requests(self, workers: list[int]) -> None:

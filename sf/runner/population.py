@@ -14,7 +14,7 @@
 
 Hyperparameters in force (the one rule, for every mode; what config.json and pbt_state.json record is what trains):
     - without PBT, and those PBT does not mutate (adam_beta2, adam_eps) with it: the configuration's, as config.json
-      records them (flag > saved config.json > preset, sf/cfg.py). A resumed learner forces them onto the optimizer
+      records them (flag > saved config.json > preset, sf/cfg/). A resumed learner forces them onto the optimizer
       state it loads (that state holds the values of the run that saved it).
     - PBT's mutable ones (learning_rate, exploration_loss_coeff, adam_beta1, reward shaping): each policy's own, as
       pbt_state.json records them (a fresh run: the configuration's for every policy). A flag given on the command line
@@ -31,10 +31,11 @@ from pathlib import Path
 
 import torch
 
-from sf.cfg import ConfigError, RunError, write_json_atomic
+from sf.cfg import ConfigError, RunError
 from sf.processes.shared_state import COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, HYPERPARAMS
 from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
 from sf.seeding import PBT, run_seed, stream_seed
+from sf.utils.files import write_json_atomic
 
 log = logging.getLogger("sf")
 STATE_FILE = "pbt_state.json"

@@ -46,7 +46,7 @@ def kill_adopted(own_children: set) -> None:
 def worker_context(env_modules: list[str]):
     """The multiprocessing context every worker starts from: a fork server, started once, that has imported torch, our
     worker modules and `env_modules` (what making one env imported, e.g. vizdoom). A worker forked from it starts in
-    milliseconds and shares those pages with its siblings; spawned, each would import torch again (~1 s of CPU and tens
+    milliseconds and shares those pages with its siblings; spawned, each would import torch again (a CPU second and tens
     of MiB of private memory apiece, minutes and gigabytes for 72 workers on 2 cores). The fork server dies with the
     runner (it exits when its pipe from the runner closes), and its children with it (parent-death signal)."""
     import multiprocessing.forkserver

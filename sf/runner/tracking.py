@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from sf.cfg import ConfigError
+from sf.utils.files import error_line, write_text_atomic
 
 log = logging.getLogger("sf")
 RUN_ID_FILE = "wandb_run_id"
@@ -56,11 +57,11 @@ def check(cfg) -> None:
         import wandb  # noqa: F401
     except ModuleNotFoundError as e:
         if e.name != "wandb":
-            raise ConfigError(f"--with_wandb: the wandb package cannot be imported ({_one_line(e)}); reinstall it "
+            raise ConfigError(f"--with_wandb: the wandb package cannot be imported ({error_line(e)}); reinstall it "
                               "(pip install wandb)") from None
         raise ConfigError("--with_wandb: the wandb package is not installed (pip install wandb)") from None
     except Exception as e:  # noqa: B902 — a broken install (a dependency of the wrong version, say)
-        raise ConfigError(f"--with_wandb: the wandb package cannot be imported ({_one_line(e)}); reinstall it "
+        raise ConfigError(f"--with_wandb: the wandb package cannot be imported ({error_line(e)}); reinstall it "
                           "(pip install wandb)") from None
 
 
@@ -88,7 +89,7 @@ def start(cfg, exp_dir: Path) -> WandbTracker | None:
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY)
     except Exception as e:  # noqa: B902 — W&B is never a reason not to train
-        log.warning("--with_wandb: W&B could not start (%s); training with TensorBoard only", _one_line(e))
+        log.warning("--with_wandb: W&B could not start (%s); training with TensorBoard only", error_line(e))
         return None
     log.info("W&B: run %s (project %s, %s mode), files in %s", run_id, run.project, _mode(run), exp_dir / "wandb")
     return WandbTracker(run)
@@ -118,7 +119,7 @@ class WandbTracker:
         except queue.Full:
             self._fail(f"{QUEUE_ROWS} rows are waiting: wandb is not keeping up")
         except Exception as e:  # noqa: B902 — never the runner's problem
-            self._fail(_one_line(e))
+            self._fail(error_line(e))
 
     def finish(self, exit_code: int = 0, timeout: float | None = None) -> bool:
         """wandb's finish (after the rows logged so far), waiting at most `timeout` seconds: the run does not outlive its
@@ -150,12 +151,12 @@ class WandbTracker:
             try:
                 self.run.log(row)
             except Exception as e:  # noqa: B902
-                self._fail(_one_line(e))
+                self._fail(error_line(e))
         try:
             self.run.finish(exit_code=self.exit_code)
         except Exception as e:  # noqa: B902
             if not self.failed:  # (after a failure, the same cause again: warned once already)
-                log.warning("W&B could not finish the run (%s); TensorBoard has every summary", _one_line(e))
+                log.warning("W&B could not finish the run (%s); TensorBoard has every summary", error_line(e))
 
     def _fail(self, reason: str) -> None:
         if not self.failed:
@@ -174,9 +175,7 @@ def _run_id(cfg, exp_dir: Path) -> str:
         pass
     prefix = re.sub(r"[^A-Za-z0-9_-]+", "_", cfg.experiment)[:40]
     run_id = f"{prefix}_{secrets.token_hex(4)}"
-    tmp = path.with_name(f".{RUN_ID_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(run_id + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, run_id + "\n")
     return run_id
 
 
@@ -204,8 +203,3 @@ def _end_service() -> None:
 def _mode(run) -> str:
     mode = str(getattr(getattr(run, "settings", None), "mode", None) or os.environ.get("WANDB_MODE") or "online")
     return {"dryrun": "offline", "run": "online"}.get(mode, mode)
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

@@ -39,7 +39,7 @@ class PolicyWorker:
         """queues.policy: this policy's request queue; queues.workers: every rollout worker's reply queue;
         shared_weights: this policy's. env_slots: [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy).
         shared_state: the run's (epochs, serving counter); None: every request is valid (tests)."""
-        self.cfg, self.buffers, self.env_slots, self.q = cfg, buffers, env_slots, queues
+        self.cfg, self.buffers, self.env_slots, self.queues = cfg, buffers, env_slots, queues
         self.policy_id = policy_id
         self.population = getattr(cfg, "num_policies", 1) > 1 and env_slots.shape[-1] > 2
         self.sync = getattr(cfg, "sync_mode", "async") != "async"
@@ -99,7 +99,7 @@ class PolicyWorker:
     def run_once(self, timeout: float = 0.1) -> int:
         """Serve one batch of requests; returns the number of env steps served (0 on timeout)."""
         try:
-            requests = self.q.policy.get_many(timeout=timeout, max_messages_to_get=self.max_requests)
+            requests = self.queues.policy.get_many(timeout=timeout, max_messages_to_get=self.max_requests)
         except Empty:
             return 0
         self.serving[self.serving_row] += 1  # odd: serving (before the epochs are read: see the module docstring)
@@ -126,8 +126,8 @@ class PolicyWorker:
             self._random_actions(step)
         else:
             self._infer(step, slots * (self.T + 1) + ts)  # observations: flat index into [N * (T+1)] tensors
-        for w, code in req.tolist():
-            self.q.workers[w].put(code)
+        for worker, code in req.tolist():
+            self.queues.workers[worker].put(code)
         return len(step)
 
     def _random_actions(self, step: np.ndarray) -> None:

@@ -72,9 +72,9 @@ class RolloutWorker:
         """queues.policy / queues.learner: one queue per policy (a single queue: a one-policy run). env_slots
         [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy). on_starved: called while no free slot is
         available instead of waiting for one (serial mode: the learner, which frees slots, runs in this same thread)."""
-        self.cfg, self.w = cfg, worker_idx
+        self.cfg, self.worker_idx = cfg, worker_idx
         self.on_starved = on_starved
-        self.buffers, self.env_slots, self.q, self.state = buffers, env_slots, queues, shared_state
+        self.buffers, self.env_slots, self.queues, self.state = buffers, env_slots, queues, shared_state
         self.policy_queues = queues.policy if isinstance(queues.policy, (list, tuple)) else [queues.policy]
         self.learner_queues = queues.learner if isinstance(queues.learner, (list, tuple)) else [queues.learner]
         self.num_policies = len(self.policy_queues)
@@ -90,7 +90,23 @@ class RolloutWorker:
         # training rewards: scaled and clipped (Sample Factory's --reward_scale, --reward_clip); episode statistics,
         # from the env's info["episode"], stay in the env's own units
         self.reward_scale, self.reward_clip = getattr(cfg, "reward_scale", 1.0), getattr(cfg, "reward_clip", float("inf"))
-        # numpy views of the shared tensors: the env-step loop is plain numpy, no torch dispatch per step.
+        self._bind_buffers(buffers)
+        self._bind_shared_state(cfg, shared_state, env_slots)
+        self._init_policy_mapping(cfg, shared_state)
+        self._make_envs(cfg, shared_state)
+        self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_agents + i) for i in range(self.num_agents)]
+        self.discrete = self.actions_np.dtype == np.int64
+        self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
+        self.slot = np.zeros(self.num_agents, dtype=np.int64)
+        self.t = np.zeros(self.num_agents, dtype=np.int64)
+        self.env_restarts = 0
+        self.episodes: list[dict] = []
+        self.last_report = time.time()
+        self.frames = int(shared_state.worker_frames[worker_idx])  # a replacement goes on counting
+
+    def _bind_buffers(self, buffers) -> None:
+        """Numpy views of the shared trajectory tensors: the env-step loop is plain numpy, no torch dispatch per
+        step."""
         self.obs_np = {k: v.numpy() for k, v in buffers.obs.items()}
         self.actions_np = buffers.actions.numpy()
         self.rewards_np, self.dones_np = buffers.rewards.numpy(), buffers.dones.numpy()
@@ -98,6 +114,11 @@ class RolloutWorker:
         self.final_obs_np = {k: v.numpy() for k, v in buffers.final_obs.items()}
         self.final_rnn_np, self.final_t_np = buffers.final_rnn.numpy(), buffers.final_t.numpy()
         self.rnn_np = buffers.rnn_states.numpy()
+
+    def _bind_shared_state(self, cfg, shared_state, env_slots: torch.Tensor) -> None:
+        """The group intervals (hts/ppo), the request epoch, this worker's slot bookkeeping in SharedState, its row of
+        env_slots and its heartbeat."""
+        worker_idx = self.worker_idx
         # hts/ppo: the group's rollout interval, and the groups waiting for the learner before their next interval
         self.sync = getattr(cfg, "sync_mode", "async") != "async"
         self.total_agents = cfg.num_workers * self.num_agents
@@ -112,6 +133,10 @@ class RolloutWorker:
         self.agent_slots = self.env_slots_np[worker_idx]  # [E * A, C] this worker's row: (slot, t, ...) per agent
         self.has_policy_column = self.env_slots_np.shape[-1] > 2
         self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")  # also its row of SharedState.moving
+
+    def _init_policy_mapping(self, cfg, shared_state) -> None:
+        """Which policy plays each agent (and whose learner gets its slot), and the reward shaping last given to it."""
+        worker_idx = self.worker_idx
         self.mapping = PolicyMapping(self.num_policies, self.A, getattr(cfg, "policy_mapping", "random"),
                                      getattr(cfg, "policy_resample_episodes", 10),
                                      getattr(cfg, "pbt_mix_policies_in_one_env", True), worker_idx * self.num_envs,
@@ -121,23 +146,17 @@ class RolloutWorker:
         self.slot_policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy whose learner gets its current slot
         self.shaping_keys = tuple(getattr(shared_state, "shaping_keys", ()))
         self.agent_shaping: list = [None] * self.num_agents  # coefficients last given to each agent's env
+
+    def _make_envs(self, cfg, shared_state) -> None:
+        """Make this worker's envs (a heartbeat before each: a game may take long to start)."""
         self.envs = []
         try:
             for e in range(self.num_envs):
                 shared_state.beat(self.heartbeat)
-                self.envs.append(make_env(cfg, env_index=worker_idx * self.num_envs + e))
+                self.envs.append(make_env(cfg, env_index=self.worker_idx * self.num_envs + e))
         except BaseException:  # an env that fails to start, or a stop meanwhile: close the ones already running
             self._close_envs()
             raise
-        self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_agents + i) for i in range(self.num_agents)]
-        self.discrete = self.actions_np.dtype == np.int64
-        self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
-        self.slot = np.zeros(self.num_agents, dtype=np.int64)
-        self.t = np.zeros(self.num_agents, dtype=np.int64)
-        self.env_restarts = 0
-        self.episodes: list[dict] = []
-        self.last_report = time.time()
-        self.frames = int(shared_state.worker_frames[worker_idx])  # a replacement goes on counting
 
     @staticmethod
     def _is_scalar(space) -> bool:
@@ -147,14 +166,14 @@ class RolloutWorker:
         if self.cfg.seed is None:
             return None
         # a replacement worker (a later epoch) or env must not replay its predecessor's episodes
-        return stream_seed(self.cfg.seed, ENV, self.w * self.num_envs + e, self.epoch, self.env_restarts)
+        return stream_seed(self.cfg.seed, ENV, self.worker_idx * self.num_envs + e, self.epoch, self.env_restarts)
 
     def _replace_env(self, e: int, ex: Exception) -> dict:
         """A fresh env in place of env e, which raised `ex`; returns its first observation (a list of them for a
         multi-agent env: every agent's episode ends). One crashing game
         (VizDoom engines do crash after many thousand episodes) must not end a run of days; a persistent
         fault still stops it after --max_env_restarts replacements, as the traceback below says."""
-        where = f"env {e} ({self.cfg.env}) of rollout worker {self.w}"
+        where = f"env {e} ({self.cfg.env}) of rollout worker {self.worker_idx}"
         if self.env_restarts >= self.cfg.max_env_restarts:
             raise EnvRestartLimit(f"{where} raised: {ex!r} (after {self.env_restarts} replacements of failed envs in "
                                   f"this worker; --max_env_restarts {self.cfg.max_env_restarts})") from ex
@@ -165,7 +184,7 @@ class RolloutWorker:
             self.envs[e].close()
         except Exception:  # a broken env may fail to close too; its replacement matters, not its farewell
             pass
-        self.envs[e] = make_env(self.cfg, env_index=self.w * self.num_envs + e)
+        self.envs[e] = make_env(self.cfg, env_index=self.worker_idx * self.num_envs + e)
         self.agent_shaping[e * self.A:(e + 1) * self.A] = [None] * self.A  # a fresh env has its default shaping
         obs, _ = self.envs[e].reset(seed=self._env_seed(e))
         return obs
@@ -184,8 +203,8 @@ class RolloutWorker:
                 self.t[i] = 0
                 self._write_obs(agent_obs, self.slot[i], 0)
                 self.rnn_np[self.slot[i], 0] = 0.0
-        self.env_slots_np[self.w, :, 0] = self.slot
-        self.env_slots_np[self.w, :, 1] = self.t
+        self.env_slots_np[self.worker_idx, :, 0] = self.slot
+        self.env_slots_np[self.worker_idx, :, 1] = self.t
         for g in range(self.cfg.worker_num_splits):
             self._request_actions(g)
 
@@ -196,7 +215,7 @@ class RolloutWorker:
             p = self.mapping.policy_for(i // self.A, i % self.A)
             self.policy[i] = p
             if self.has_policy_column:
-                self.env_slots_np[self.w, i, 2] = p
+                self.env_slots_np[self.worker_idx, i, 2] = p
         if self.shaping_keys:
             coeffs = tuple(self.state.shaping_np[self.policy[i]].tolist())
             if coeffs != self.agent_shaping[i] and hasattr(self.envs[i // self.A], "set_reward_shaping"):
@@ -207,7 +226,7 @@ class RolloutWorker:
         """The slot agent i fills next, published as its current slot at step 0 (env_slots): fixed in hts/ppo modes,
         any free one otherwise. Marks it as holding no final observation yet."""
         if self.sync:
-            slot = (interval % 2) * self.total_agents + self.w * self.num_agents + i
+            slot = (interval % 2) * self.total_agents + self.worker_idx * self.num_agents + i
             self.agent_slots[i, :2] = slot, 0
         else:
             slot = self._take_free_slot(i)
@@ -225,12 +244,12 @@ class RolloutWorker:
         code = self.epoch * self.splits + g
         if self.num_policies == 1:
             self.awaiting[g] = 1
-            self.policy_queues[0].put((self.w, code))
+            self.policy_queues[0].put((self.worker_idx, code))
             return
         policies = np.unique(self.policy[lo:hi]).tolist()
         self.awaiting[g] = len(policies)
         for p in policies:
-            self.policy_queues[p].put((self.w, code))
+            self.policy_queues[p].put((self.worker_idx, code))
 
     def _adopt_epoch(self, epoch: int) -> None:
         """The runner voided the requests in flight (a process died) and no policy worker serves them any more: work in
@@ -275,10 +294,10 @@ class RolloutWorker:
         self.moving[self.heartbeat] += 1
         try:
             if not self.census[0]:
-                slot = int(self.q.free.get_nowait() if timeout is None else self.q.free.get(timeout=timeout))
+                slot = int(self.queues.free.get_nowait() if timeout is None else self.queues.free.get(timeout=timeout))
                 self.agent_slots[i, 0] = slot  # (slot, then step: (slot, 0) never names the previous, full slot)
                 self.agent_slots[i, 1] = 0
-                self.slot_owner[slot] = self.w
+                self.slot_owner[slot] = self.worker_idx
                 return slot
         except Empty:
             return None
@@ -314,13 +333,13 @@ class RolloutWorker:
     def run_once(self, timeout: float = 0.1) -> bool:
         """Step every group whose actions are ready. Returns False when nothing arrived within timeout."""
         self.state.beat(self.heartbeat)
-        if self.state.epoch_go_np[self.w] != self.epoch:
-            self._adopt_epoch(int(self.state.epoch_go_np[self.w]))
+        if self.state.epoch_go_np[self.worker_idx] != self.epoch:
+            self._adopt_epoch(int(self.state.epoch_go_np[self.worker_idx]))
         if self.waiting:
             self._release_waiting()
             timeout = min(timeout, 0.002)  # a batch boundary: keep an eye on the learner
         try:
-            groups = self.q.worker.get_many(timeout=timeout)
+            groups = self.queues.worker.get_many(timeout=timeout)
         except Empty:
             return False
         for code in groups:
@@ -366,14 +385,15 @@ class RolloutWorker:
         try:
             obs, reward, terminated, truncated, info = self.envs[e].step(action)
             done = terminated or truncated
-            cut = truncated and not terminated  # a time limit: the learner bootstraps from the final observation
+            # a time limit, not the episode's end: the learner bootstraps from the final observation
+            by_time_limit = truncated and not terminated
             if done:
-                if cut:
+                if by_time_limit:
                     final = obs
                 obs, _ = self.envs[e].reset()
         except Exception as ex:
-            obs, reward, done, cut, info = self._replace_env(e, ex), 0.0, True, False, {}
-        return self._record(e, slot, t, obs, reward, done, cut, info, final)
+            obs, reward, done, by_time_limit, info = self._replace_env(e, ex), 0.0, True, False, {}
+        return self._record(e, slot, t, obs, reward, done, by_time_limit, info, final)
 
     def _step_multiagent_env(self, e: int, actions, slots: list, ts: list) -> tuple[list, list]:
         """One step of multi-agent env e (all its agents act together; it resets itself); returns its agents' new
@@ -387,27 +407,28 @@ class RolloutWorker:
             terminated, truncated, infos = [True] * self.A, [False] * self.A, [{}] * self.A
         out_slots, out_ts = list(slots), list(ts)
         for a in range(self.A):
-            cut = bool(truncated[a]) and not terminated[a]
-            final = infos[a].get("final_obs") if cut else None
+            by_time_limit = bool(truncated[a]) and not terminated[a]
+            final = infos[a].get("final_obs") if by_time_limit else None
             out_slots[a], out_ts[a] = self._record(e * self.A + a, slots[a], ts[a], obs[a], rewards[a],
-                                                   bool(terminated[a] or truncated[a]), cut, infos[a], final)
+                                                   bool(terminated[a] or truncated[a]), by_time_limit, infos[a], final)
         return out_slots, out_ts
 
-    def _record(self, i: int, slot: int, t: int, obs: dict, reward: float, done: bool, cut: bool, info: dict,
+    def _record(self, i: int, slot: int, t: int, obs: dict, reward: float, done: bool, truncated: bool, info: dict,
                 final) -> tuple[int, int]:
         """Write agent i's step t (reward, done) and its next observation; at an episode end its report and its next
         episode's policy; at the trajectory's end hand the slot to its policy's learner and take the next one.
-        obs: the observation after the step (after the reset when done); final: the last observation of an episode
-        cut by a time limit (None otherwise). Returns agent i's (slot, t) after the step."""
+        obs: the observation after the step (after the reset when done); truncated: the episode was cut by a time limit
+        (not terminated); final: the last observation of such an episode (None otherwise). Returns agent i's (slot, t)
+        after the step."""
         if done and "episode" in info:  # a real episode end (an Atari life loss is done without one)
             report = {k: float(v) for k, v in info["episode"].items()}
             report["policy"] = float(self.policy[i])
             self.episodes.append(report)
-        if cut and final is not None:
+        if truncated and final is not None:
             self._keep_final(slot, t, final)
         self.rewards_np[slot, t] = min(max(reward * self.reward_scale, -self.reward_clip), self.reward_clip)
         self.dones_np[slot, t] = float(done)
-        self.truncated_np[slot, t] = float(cut)
+        self.truncated_np[slot, t] = float(truncated)
         t += 1
         self._write_obs(obs, slot, t)
         self.agent_slots[i, 1] = t  # the step is recorded: a dead worker's lost frames count it
@@ -438,9 +459,9 @@ class RolloutWorker:
 
     def _maybe_report(self, force: bool = False) -> None:
         now = time.time()
-        self.state.set_worker_frames(self.w, self.frames)
+        self.state.set_worker_frames(self.worker_idx, self.frames)
         if self.episodes and (force or now - self.last_report > EPISODE_REPORT_SEC):
-            self.q.report.put(("episodes", self.w, self.episodes))
+            self.queues.report.put(("episodes", self.worker_idx, self.episodes))
             self.episodes = []
             self.last_report = now
 

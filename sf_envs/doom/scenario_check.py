@@ -1,4 +1,4 @@
-"""Checks of Doom scenario files before VizDoom reads them (issue 14: scenario data was not verified).
+"""Checks of Doom scenario files before VizDoom reads them: nothing fetched or configured is trusted unchecked.
 
 Two rules, applied when a Doom env is made and again before each engine start:
 

@@ -4,6 +4,7 @@ late, in threads)."""
 import threading
 import time
 
+import pytest
 import torch
 
 import sf.buffers.shared_weights as shared_weights
@@ -121,6 +122,7 @@ def test_weights_travel_to_a_process_as_one_descriptor():
     assert fds_sent([SharedWeights(_ManyEntries(1.0)) for _ in range(8)]) == 8
 
 
+@pytest.mark.e2e
 def test_a_child_process_reads_each_published_version():
     """A policy worker's view from another process (started from a fork server, as the runner starts them): each
     version published is read whole, every dtype and shape as published."""

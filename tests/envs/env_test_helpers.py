@@ -2,6 +2,13 @@
 import gymnasium as gym
 import numpy as np
 
+from sf_envs.params import env_cfg
+
+
+def cfg_for(name, data=None, **kw):
+    """An env config for `name`: seed 1 unless given, Doom scenario data from `data` (None: the default directory)."""
+    return env_cfg(name, seed=kw.pop("seed", 1), doom_scenarios_dir=data, **kw)
+
 
 def check_contract(env, steps=30):
     """Spaces and step() of the env contract (docs/architecture.md)."""

@@ -1,4 +1,7 @@
 """benchmarks/env_throughput.py runs and prints its table (a short smoke run on a built-in env)."""
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 
 def test_env_throughput_smoke(entry):

@@ -14,8 +14,8 @@ from sf_envs.errors import EnvUnavailableError  # noqa: E402
 from sf_envs.params import env_cfg  # noqa: E402
 from sf_envs.registry import env_spec, make_env  # noqa: E402
 
-from conftest import ROOT  # noqa: E402
-from env_test_helpers import check_contract, observation_trace  # noqa: E402
+from e2e_helpers import ROOT  # noqa: E402
+from env_test_helpers import cfg_for, check_contract, observation_trace  # noqa: E402
 
 pytestmark = pytest.mark.doom
 
@@ -35,10 +35,6 @@ def doom_data(tmp_path_factory):
     except RuntimeError as e:
         pytest.skip(f"Doom scenario data not present and not fetchable here: {e}")
     return str(d)
-
-
-def cfg_for(name, data=None, **kw):
-    return env_cfg(name, seed=kw.pop("seed", 1), doom_scenarios_dir=data, **kw)
 
 
 def run_episode(env, policy=None, max_steps=100_000):
@@ -170,6 +166,7 @@ def test_seeded_episodes_are_deterministic():
     assert not np.array_equal(trace(None), trace(None))  # unseeded envs get fresh entropy, not one shared seed
 
 
+@pytest.mark.e2e
 def test_engine_restarts_between_episodes_and_stays_seeded():
     """--doom_restart_engine_steps: a fresh engine process at an episode end once the budget is spent, the old one
     gone (no orphan), episodes whole, and a seeded env's frames identical from run to run across restarts."""
@@ -267,6 +264,7 @@ def test_missing_scenario_data_is_one_line(tmp_path, monkeypatch):
         make_env(cfg_for("doom_two_colors_easy", None))
 
 
+@pytest.mark.e2e
 def test_train_py_reports_missing_data_in_one_line(tmp_path):
     env = dict(os.environ, SF_DOOM_SCENARIOS=str(tmp_path / "nothing_here"))
     res = subprocess.run([sys.executable, str(ROOT / "train.py"), "--env", "doom_battle", "--train_dir", str(tmp_path),
@@ -332,6 +330,7 @@ def test_builtin_cfg_with_refused_key(tmp_path, monkeypatch, line, key):
     assert str(d / "basic.cfg") in msg and f"key {key}" in msg and "refused" in msg
 
 
+@pytest.mark.e2e
 def test_train_py_reports_tampered_data_in_one_line(doom_data, tmp_path):
     d = copy_scenario(doom_data, tmp_path / "data", "battle_continuous_turning.cfg", "battle.wad")
     with open(d / "battle.wad", "ab") as f:

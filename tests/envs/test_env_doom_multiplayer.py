@@ -21,9 +21,10 @@ from sf_envs.doom.scenarios import MEASUREMENT_NAMES  # noqa: E402
 from sf_envs.params import env_cfg  # noqa: E402
 from sf_envs.registry import env_spec, make_env  # noqa: E402
 
-from conftest import ROOT  # noqa: E402
+from e2e_helpers import ROOT  # noqa: E402
+from env_test_helpers import cfg_for  # noqa: E402
 
-pytestmark = pytest.mark.doom
+pytestmark = [pytest.mark.doom, pytest.mark.e2e]
 
 TEST_PORTS = (30500, 30539)  # the unit tests' own range, away from the envs' default 25000-29999
 
@@ -36,16 +37,17 @@ def data():
     return str(d)
 
 
-def cfg_for(name, data, **kw):
+def match_cfg(name, data, **kw):
     kw.setdefault("doom_multiplayer_timelimit", 0.05)  # 3 s of game time: 52 steps at frameskip 2
-    return env_cfg(name, seed=kw.pop("seed", 1), doom_scenarios_dir=data, **kw)
+    return cfg_for(name, data, **kw)
 
 
 def engines():
     return [c for c in psutil.Process().children() if c.name() == "vizdoom"]
 
 
-def shm_files(env):
+def match_shm_files(env):
+    """The /dev/shm files of this env's VizDoom engines, named by their command lines."""
     return [f for e in env.engines for f in engine_shm_files(e.cmdline())]
 
 
@@ -62,25 +64,25 @@ def test_spaces_and_specs(data):
     for name, agents in (("doom_duel", 2), ("doom_deathmatch_full", 4)):
         spec = env_spec(name)
         assert (spec.num_agents, spec.frameskip, spec.gamma) == (agents, 2, 0.995)
-        env = make_env(cfg_for(name, data))  # lazy: no engine until reset()
+        env = make_env(match_cfg(name, data))  # lazy: no engine until reset()
         assert env.num_agents == agents and env.is_multiagent and not engines()
         assert list(env.action_space.nvec) == [3, 3, 2, 2, 2, 8, 21]  # Table A.4
         assert env.observation_space["obs"].shape == (3, 72, 128)
         assert env.observation_space["measurements"].shape == (len(MEASUREMENT_NAMES),)
         assert set(env.reward_shaping_defaults()) == set(SHAPING_PARAMS["deathmatch"])
         env.close()
-    assert make_env(cfg_for("doom_deathmatch_full", data)).num_players == 8  # 4 agents + 4 bots
+    assert make_env(match_cfg("doom_deathmatch_full", data)).num_players == 8  # 4 agents + 4 bots
 
 
 def test_duel_contract_reports_render_and_close(data):
-    env = make_env(cfg_for("doom_duel", data, doom_restart_engine_steps=60))  # new engines after the 2nd match
+    env = make_env(match_cfg("doom_duel", data, doom_restart_engine_steps=60))  # new engines after the 2nd match
     env.action_space.seed(0)
     obs, infos = env.reset()
     assert len(obs) == len(infos) == 2 and all(i == {} for i in infos)
     eng = engines()
     assert len(eng) == 2 and all(e.ppid() == os.getpid() for e in eng)
     assert all(e.cmdline()[e.cmdline().index("-port") + 1] == str(env.lease.port) for e in eng)
-    first_files = shm_files(env)
+    first_files = match_shm_files(env)
     assert len(first_files) == 6 and all(f.exists() for f in first_files)
     env.set_reward_shaping({"doom_rew_frag": 3.0}, agent=1)
     assert env.players[1].shaper.coeffs["doom_rew_frag"] == 3.0 and env.players[0].shaper.coeffs["doom_rew_frag"] == 1.0
@@ -118,7 +120,7 @@ def test_duel_contract_reports_render_and_close(data):
     env.step(random_actions(env))
     frame = env.render()
     assert frame.shape == (120, 320, 3) and frame.dtype == np.uint8
-    files = shm_files(env)
+    files = match_shm_files(env)
     env.close()
     env.close()  # twice is fine
     assert_gone(files)
@@ -127,14 +129,14 @@ def test_duel_contract_reports_render_and_close(data):
 def test_killed_or_hung_engine_restarts_the_match(data):
     """SIGKILL a joiner's engine, then SIGSTOP the host's: each time the step returns at once (kill) or after the
     timeout (hang), every agent truncated with reward 0 and its final observation, and a new match runs on."""
-    env = make_env(cfg_for("doom_duel", data, doom_multiplayer_timeout_sec=3.0))
+    env = make_env(match_cfg("doom_duel", data, doom_multiplayer_timeout_sec=3.0))
     env.reset()
     all_files = []
     for how, victim in (("kill", 1), ("stop", 0)):
         for _ in range(5):
             last, *_ = env.step(random_actions(env))
         old = list(env.engines)
-        all_files += shm_files(env)
+        all_files += match_shm_files(env)
         target = next(e for e in old if ("-host" in e.cmdline()) == (victim == 0))
         target.kill() if how == "kill" else target.suspend()
         t0 = time.monotonic()
@@ -156,13 +158,13 @@ def test_killed_or_hung_engine_restarts_the_match(data):
             obs, rewards, term, trunc, infos = env.step(random_actions(env))
             assert not any(trunc)
     assert env.aborted_matches == 2
-    all_files += shm_files(env)
+    all_files += match_shm_files(env)
     env.close()
     assert_gone(all_files)
 
 
 def test_concurrent_envs_get_distinct_ports(data):
-    envs = [make_env(cfg_for("doom_duel", data), env_index=i) for i in range(3)]
+    envs = [make_env(match_cfg("doom_duel", data), env_index=i) for i in range(3)]
     errors = []
 
     def start(env):
@@ -190,7 +192,7 @@ def test_concurrent_envs_get_distinct_ports(data):
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert res.stdout.strip() == "refused", res.stderr
     finally:
-        files = [f for env in envs for f in shm_files(env)]
+        files = [f for env in envs for f in match_shm_files(env)]
         for env in envs:
             env.close()
     assert_gone(files)
@@ -250,7 +252,7 @@ def test_match_wins():
 
 
 def test_deathmatch_full_agents_and_bots(data):
-    env = make_env(cfg_for("doom_deathmatch_full", data, doom_multiplayer_timelimit=0.02, doom_bots_difficulty=10))
+    env = make_env(match_cfg("doom_deathmatch_full", data, doom_multiplayer_timelimit=0.02, doom_bots_difficulty=10))
     obs, _ = env.reset()
     assert len(obs) == 4 and len(engines()) == 4
     reports = None
@@ -265,13 +267,13 @@ def test_deathmatch_full_agents_and_bots(data):
     scores = [r["score"] for r in reports]
     for i, r in enumerate(reports):  # the bots' scores also count: a win needs more than every other agent
         assert r["win"] in (0.0, 1.0) and (not r["win"] or scores[i] > max(scores[:i] + scores[i + 1:]))
-    files = shm_files(env)
+    files = match_shm_files(env)
     env.close()
     assert_gone(files)
 
 
 def test_single_player_reward_shaping_methods(data):
-    env = make_env(cfg_for("doom_battle", data, doom_rew_health_gain=0.5))
+    env = make_env(match_cfg("doom_battle", data, doom_rew_health_gain=0.5))
     defaults = env.reward_shaping_defaults()
     assert set(defaults) == set(SHAPING_PARAMS["battle"]) and defaults["doom_rew_health_gain"] == 0.5
     env.set_reward_shaping({"doom_rew_health_gain": 2.0}, agent=7)  # one agent: the agent argument is ignored
@@ -293,13 +295,13 @@ def test_single_player_reward_shaping_methods(data):
 
 
 def test_malformed_action_is_an_error_not_a_match_failure(data):
-    env = make_env(cfg_for("doom_duel", data))
+    env = make_env(match_cfg("doom_duel", data))
     env.reset()
     try:
         with pytest.raises(IndexError):
             env.step([env.action_space.sample(), np.array([9, 9, 9, 9, 9, 99, 99])])  # out of the heads' ranges
         assert env.aborted_matches == 0
     finally:
-        files = shm_files(env)
+        files = match_shm_files(env)
         env.close()  # agent 0's call still waits for agent 1's engine: closing kills the match
     assert_gone(files)

@@ -16,7 +16,7 @@ from sf_envs.doom.scenario_check import ScenarioDataError, check_cfg
 from sf_envs.doom.scenarios import SCENARIOS
 from sf_envs.errors import EnvUnavailableError
 
-from conftest import ROOT
+from e2e_helpers import ROOT
 
 LICENSE_TEXT = "MIT License\nCopyright (c) 2019 Aleksei Petrenko\n"
 BATTLE_CFG = "doom_scenario_path = battle.wad\n"
@@ -106,6 +106,7 @@ def test_pinned_table_covers_every_fetched_scenario():
     assert fs.LICENSE_NAME in scenario_digests.FILES
 
 
+@pytest.mark.e2e
 def test_forged_wheel_is_refused_by_the_cli(tmp_path):
     """A hand-made wheel that calls itself sample-factory 2.1.1 (issue 14): one line naming it, exit 1, no files."""
     wheel = fake_wheel(tmp_path / "sample_factory-2.1.1-py3-none-any.whl")
@@ -241,6 +242,7 @@ def test_cfg_check_is_cached_and_sees_changes(tmp_path):
         check_cfg(cfg)
 
 
+@pytest.mark.e2e
 def test_real_fetch_from_pypi(tmp_path):
     """The real thing: pip download sample-factory==2.1.1 and extract its scenarios (about 25 MB)."""
     dest = tmp_path / "doom_scenarios"

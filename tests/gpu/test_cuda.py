@@ -58,6 +58,7 @@ def _nccl_one_rank(rank, port, out_dir):
     torch.save(result, os.path.join(out_dir, "rank0.pt"))
 
 
+@pytest.mark.e2e
 def test_collectives_on_an_nccl_group_take_cuda_tensors(tmp_path):
     ctx = mp.get_context("spawn")
     p = ctx.Process(target=dp._rank_main, args=(_nccl_one_rank, 0, dp.free_port(), str(tmp_path), ctx.Barrier(1)))
@@ -105,6 +106,7 @@ def test_two_ranks_on_one_gpu_stay_bitwise_identical(tmp_path):
 
 # --- torchrun: 2 ranks, NCCL, one GPU each ---------------------------------------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.doom
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank (it refuses two ranks on one GPU: "
                                                           "'Duplicate GPU detected'); this machine has fewer than 2")
@@ -120,6 +122,7 @@ def test_torchrun_two_ranks_on_nccl_train_doom_basic_to_identical_weights(tmp_pa
 
 # --- hts on CUDA: the same seed gives the same weights ---------------------------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_hts_on_cuda_same_seed_same_weights(entry, tmp_path):
     """Two runs: the same digest (deterministic kernels: sf.seeding.deterministic_kernels; an op without a
@@ -131,6 +134,7 @@ def test_hts_on_cuda_same_seed_same_weights(entry, tmp_path):
     assert run(entry, tmp_path, "b", "hts", 5, 2, 4, "--device", "cuda")[0] == first
 
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_hts_on_cuda_same_weights_across_layouts(entry, tmp_path):
     """As on CPU: 4 workers x 2 envs train the same weights as 2 x 4 (the policy worker infers in fixed chunks)."""
@@ -159,6 +163,7 @@ def _reader(weights, ready, done, results):
     results.put((have, reads, torn, str(next(model.parameters()).device)))
 
 
+@pytest.mark.e2e
 def test_cuda_shared_weights_reach_another_process_whole(tmp_path):
     """The learner's side publishes versions 1..N (every entry = the version) into CUDA shared memory while a spawned
     process reads them: every read is one whole version (the sequence lock waits for the asynchronous copies), and the
@@ -194,6 +199,7 @@ def test_cuda_shared_weights_reach_another_process_whole(tmp_path):
 
 # --- a short training run on the GPU --------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_doom_basic_trains_on_cuda(entry, tmp_path):
     pytest.importorskip("vizdoom")

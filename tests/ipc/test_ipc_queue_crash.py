@@ -10,6 +10,8 @@ import pytest
 import ipc_helpers as H
 from sf.ipc import Empty, Queue
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.timeout(90)
 def test_producer_sigkilled_50_times_in_tight_put_loop():

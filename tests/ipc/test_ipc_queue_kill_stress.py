@@ -15,6 +15,8 @@ import pytest
 import kill_stress as K
 from sf.ipc import Queue
 
+pytestmark = pytest.mark.e2e
+
 TRIALS = int(os.environ.get("SF_IPC_KILL_TRIALS", "40"))
 
 

@@ -8,6 +8,8 @@ import pytest
 import ipc_helpers as H
 from sf.ipc import Empty, Queue
 
+pytestmark = pytest.mark.e2e
+
 
 def _join_all(procs, timeout):
     deadline = time.monotonic() + timeout

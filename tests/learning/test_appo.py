@@ -37,8 +37,9 @@ def fixed_target_loss(model, cfg, exp, version):
     if not hasattr(model, "_frozen"):
         model._frozen = vtrace(beh, lp.detach(), exp["rewards"].t(), values[:t].detach(), values[t].detach(),
                                cfg.gamma * (1 - exp["dones"].t()))
-    vs, adv = model._frozen
-    return float(appo_loss(lp, beh, adv, values[:t], exp["values"].t(), vs, dist.entropy(), None,
+    frozen = model._frozen
+    return float(appo_loss(lp, beh, frozen.advantages, values[:t], exp["values"].t(), frozen.vs, dist.entropy(),
+                           None,
                            clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
                            value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=cfg.exploration_loss_coeff)["loss"])
 

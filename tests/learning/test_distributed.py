@@ -8,7 +8,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 import traceback
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from e2e_helpers import free_port
 from model_test_helpers import VECTOR_OBS, make_cfg, random_experience
 from sf import distributed
 from sf.distributed import (GradientAllReduce, World, check_identical_weights, collective_device, init_learner_group,
@@ -27,12 +27,6 @@ from sf.model.actor_critic import create_actor_critic
 SMALL = dict(rnn_size=16, hidden_size=16, encoder_mlp_layers=[32, 32])
 B, T = 4, 8  # trajectories per rank and step, steps per trajectory
 ACTIONS = spaces.Discrete(3)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def world(rank: int, port: int) -> World:
@@ -124,6 +118,7 @@ def _one_step_rank(rank, port, out_dir, oracle):
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalized", [False, True], ids=["raw_inputs", "normalized_inputs_and_returns"])
 def test_two_ranks_on_halves_match_one_process_on_the_whole_batch(tmp_path, normalized):
     """One SGD step: the 2 ranks end bitwise identical, and equal (float tolerance) to one process trained on the
@@ -185,6 +180,7 @@ def _steps_rank(rank, port, out_dir):
     torch.save({"shas": shas, "identical": identical}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+@pytest.mark.e2e
 def test_ranks_stay_bitwise_identical_over_several_steps(tmp_path):
     codes = run_ranks(_steps_rank, tmp_path)
     r0, r1 = load_results(tmp_path)
@@ -216,6 +212,7 @@ def test_world_of_one_rank_is_a_no_op():
     assert check_identical_weights(model)
 
 
+@pytest.mark.e2e
 def test_parameters_without_gradient_stay_none_only_if_none_on_every_rank(tmp_path):
     codes = run_ranks(_partial_grads_rank, tmp_path)
     r0, r1 = load_results(tmp_path)
@@ -265,6 +262,7 @@ def _failing_rank(rank, port, out_dir, victim, how):
     torch.save({"outcome": outcome, "seconds": time.monotonic() - start}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("victim,how", [(0, "exits"), (1, "killed_while_peer_waits"), (1, "hangs")])
 def test_a_peer_that_dies_or_hangs_makes_the_all_reduce_raise(tmp_path, victim, how):
     """A dead peer (exited or SIGKILLed: its sockets close; rank 0 hosts the rendezvous store, which the
@@ -356,6 +354,7 @@ def _devices_rank(rank, port, out_dir):
                 "backend": dist.get_backend()}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+@pytest.mark.e2e
 def test_every_collective_uses_the_group_device_and_integers_stay_exact(tmp_path):
     codes = run_ranks(_devices_rank, tmp_path)
     results = load_results(tmp_path)
@@ -390,6 +389,7 @@ def _skipped_rank(rank, port, out_dir):
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+@pytest.mark.e2e
 def test_a_batch_whose_steps_are_all_skipped_leaves_the_ranks_identical(tmp_path):
     """Each rank's input normalizer update comes from its own half of the batch; no SGD step runs (every sample too
     old). The normalizers merged both halves anyway: bitwise identical state_dicts, holding the union batch's
@@ -437,7 +437,8 @@ def learner_inputs(train_dir: str):
 
 def write_checkpoints(exp_dir, version: int) -> None:
     """A good checkpoint of `version` in exp_dir and, newer by its name, a file that fails verification."""
-    from sf.learning.checkpoint import CheckpointManager, make_checkpoint_state
+    from sf.learning.checkpoint import make_checkpoint_state
+    from sf.learning.checkpoint_store import CheckpointManager
     from sf.learning.learner import checkpoint_meta
     cfg, obs_space, action_space, model, *_, queues = learner_inputs(exp_dir.parent)
     for q in vars(queues).values():
@@ -470,6 +471,7 @@ def _learner_rank(rank, port, out_dir, exp_dirs):
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("rank1_version", [VERSION, VERSION + 1], ids=["same", "off_by_one"])
 def test_learners_join_on_exactly_equal_versions_and_rank_1_writes_nothing(tmp_path, rank1_version):
     """Each rank resumes from its own copy of the experiment directory (as if shared): a good checkpoint and a newer

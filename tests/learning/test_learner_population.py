@@ -271,7 +271,7 @@ def train_one_batch(learner, buffers):
     buffers.final_t.fill_(-1)
     buffers.dones.fill_(0)
     buffers.truncated.fill_(0)
-    learner.q.learner.put_many(list(range(learner.trajs_per_batch)))
+    learner.queues.learner.put_many(list(range(learner.trajs_per_batch)))
     assert learner.run_once(timeout=5.0)
 
 
@@ -280,7 +280,7 @@ def test_resumed_learner_trains_with_the_configurations_hyperparameters(tmp_path
     """A checkpoint saved with one learning rate, Adam betas and eps; the run resumed with others (what parse_cfg
     resolved from the flags): the optimizer holds the new values, before and after a training batch, and so does the
     next checkpoint."""
-    from sf.learning.checkpoint import CheckpointManager
+    from sf.learning.checkpoint_store import CheckpointManager
     flags = ["--sync_mode", mode]
     first = Population(tmp_path, "--learning_rate", "1e-3", "--adam_beta1", "0.9", "--adam_eps", "1e-6", *flags,
                        policies=1)

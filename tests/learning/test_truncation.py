@@ -37,7 +37,7 @@ def next_state_value(V, boot, terminated, truncated, final_values, t, b, T):
     return (V[t + 1, b] if t + 1 < T else boot[b]), True  # (value, episode continues inside the rollout)
 
 
-def vtrace_oracle(beh, tgt, rewards, V, boot, terminated, truncated, final_values, gamma, rho_bar, c_bar):
+def episode_vtrace_oracle(beh, tgt, rewards, V, boot, terminated, truncated, final_values, gamma, rho_bar, c_bar):
     """IMPALA eq. (1) per episode: v_s = V(x_s) + sum_t (prod_{i<t} gamma c_i) delta_t over the steps of s's episode
     inside the rollout, delta_t = rho_t (r_t + gamma V(next_t) - V(x_t)) with V(next_t) = 0 after a termination and
     V(final observation) after a truncation; pg_s = rho_s (r_s + gamma v(next_s) - V(x_s)), v(next) being the next
@@ -64,9 +64,9 @@ def vtrace_oracle(beh, tgt, rewards, V, boot, terminated, truncated, final_value
     return vs, pg
 
 
-def gae_oracle(rewards, V, boot, terminated, truncated, final_values, gamma, lam):
+def episode_gae_oracle(rewards, V, boot, terminated, truncated, final_values, gamma, lam):
     """A_t = sum over the steps s >= t of t's episode inside the rollout of (gamma lambda)^(s-t) delta_s, with the
-    same next-state values as vtrace_oracle."""
+    same next-state values as episode_vtrace_oracle."""
     T, B = rewards.shape
     adv = np.zeros((T, B))
     for b in range(B):
@@ -94,29 +94,29 @@ def as_inputs(beh, tgt, rewards, values, boot, terminated, truncated, final_valu
 def test_vtrace_truncation_matches_per_episode_oracle(T, B, seed, rho_bar, c_bar):
     args = episode_inputs(max(T, 4), B, seed)
     beh, tgt, r, v, boot, disc, extra = as_inputs(*args)
-    vs, pg = vtrace(beh, tgt, r, v, boot, disc, rho_bar=rho_bar, c_bar=c_bar, truncation_bootstrap=extra)
-    vs_ref, pg_ref = vtrace_oracle(*args, rho_bar, c_bar)
-    np.testing.assert_allclose(vs.numpy(), vs_ref, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(pg.numpy(), pg_ref, rtol=1e-4, atol=1e-4)
+    out = vtrace(beh, tgt, r, v, boot, disc, rho_bar=rho_bar, c_bar=c_bar, truncation_bootstrap=extra)
+    vs_ref, pg_ref = episode_vtrace_oracle(*args, rho_bar, c_bar)
+    np.testing.assert_allclose(out.vs.numpy(), vs_ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out.advantages.numpy(), pg_ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("T,B,seed,lam", [(4, 3, 3, 0.95), (12, 4, 4, 0.5), (9, 2, 5, 1.0)])
 def test_gae_truncation_matches_per_episode_oracle(T, B, seed, lam):
     args = episode_inputs(T, B, seed)
     _, _, r, v, boot, disc, extra = as_inputs(*args)
-    adv, ret = gae(r, v, boot, disc, lam, truncation_bootstrap=extra)
+    out = gae(r, v, boot, disc, lam, truncation_bootstrap=extra)
     _, _, rewards, values, boot_np, terminated, truncated, final_values, gamma = args
-    adv_ref, ret_ref = gae_oracle(rewards, values, boot_np, terminated, truncated, final_values, gamma, lam)
-    np.testing.assert_allclose(adv.numpy(), adv_ref, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(ret.numpy(), ret_ref, rtol=1e-4, atol=1e-4)
+    adv_ref, ret_ref = episode_gae_oracle(rewards, values, boot_np, terminated, truncated, final_values, gamma, lam)
+    np.testing.assert_allclose(out.advantages.numpy(), adv_ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out.returns.numpy(), ret_ref, rtol=1e-4, atol=1e-4)
 
 
 def test_truncation_is_not_termination():
     """The same rollout read as terminated and as truncated: the truncated step's target includes gamma V(final)."""
     args = list(episode_inputs(8, 3, 6))
     beh, tgt, r, v, boot, disc, extra = as_inputs(*args)
-    vs_trunc, _ = vtrace(beh, tgt, r, v, boot, disc, truncation_bootstrap=extra)
-    vs_term, _ = vtrace(beh, tgt, r, v, boot, disc)
+    vs_trunc = vtrace(beh, tgt, r, v, boot, disc, truncation_bootstrap=extra).vs
+    vs_term = vtrace(beh, tgt, r, v, boot, disc).vs
     truncated = args[6] > 0
     diff = (vs_trunc - vs_term).abs().numpy()
     assert (diff[truncated] > 1e-3).all()  # every truncated step (and the steps before it in its episode) moved

@@ -71,7 +71,8 @@ def t32(*arrays):
 @pytest.mark.parametrize("rho_bar,c_bar", [(1.0, 1.0), (0.5, 0.9), (2.0, 1.5), (1.0, 0.3)])
 def test_vtrace_matches_naive_oracle(T, B, rho_bar, c_bar):
     beh, tgt, r, v, boot, disc = random_inputs(T, B, seed=T * 100 + B + int(rho_bar * 10 + c_bar * 1000))
-    vs, pg = vtrace(*t32(beh, tgt, r, v, boot, disc), rho_bar=rho_bar, c_bar=c_bar)
+    out = vtrace(*t32(beh, tgt, r, v, boot, disc), rho_bar=rho_bar, c_bar=c_bar)
+    vs, pg = out.vs, out.advantages
     vs_ref, pg_ref = vtrace_oracle(beh, tgt, r, v, boot, disc, rho_bar, c_bar)
     assert vs.shape == (T, B) and pg.shape == (T, B)
     assert vs.dtype == torch.float32 and pg.dtype == torch.float32
@@ -83,7 +84,8 @@ def test_vtrace_on_policy_equals_n_step_returns():
     """rho_bar = c_bar = 1 and pi = mu: v_s is the bootstrapped n-step return (stopping at episode ends)."""
     T, B = 12, 5
     beh, _, r, v, boot, disc = random_inputs(T, B, seed=7, done_prob=0.15)
-    vs, pg = vtrace(*t32(beh, beh, r, v, boot, disc), rho_bar=1.0, c_bar=1.0)
+    out = vtrace(*t32(beh, beh, r, v, boot, disc), rho_bar=1.0, c_bar=1.0)
+    vs, pg = out.vs, out.advantages
     ret = np.zeros((T, B))
     for b in range(B):
         for s in range(T):
@@ -103,11 +105,11 @@ def test_vtrace_episode_end_cuts_the_trace():
     T, B = 6, 2
     beh, tgt, r, v, boot, disc = random_inputs(T, B, seed=3, done_prob=0.0)
     disc[2, :] = 0.0  # episode ended after step 2
-    vs1, _ = vtrace(*t32(beh, tgt, r, v, boot, disc))
+    vs1 = vtrace(*t32(beh, tgt, r, v, boot, disc)).vs
     r2, v2, boot2 = r.copy(), v.copy(), boot + 100.0
     r2[3:] += 50.0
     v2[3:] -= 20.0
-    vs2, _ = vtrace(*t32(beh, tgt, r2, v2, boot2, disc))
+    vs2 = vtrace(*t32(beh, tgt, r2, v2, boot2, disc)).vs
     torch.testing.assert_close(vs1[:3], vs2[:3])
 
 
@@ -115,14 +117,15 @@ def test_vtrace_no_grad():
     beh, tgt, r, v, boot, disc = t32(*random_inputs(4, 2, seed=1))
     tgt.requires_grad_(True)
     v.requires_grad_(True)
-    vs, pg = vtrace(beh, tgt, r, v, boot, disc)
-    assert not vs.requires_grad and not pg.requires_grad
+    out = vtrace(beh, tgt, r, v, boot, disc)
+    assert not out.vs.requires_grad and not out.advantages.requires_grad
 
 
 @pytest.mark.parametrize("T,B,lam", [(1, 2, 0.95), (7, 3, 0.95), (10, 4, 0.5), (6, 2, 1.0), (6, 2, 0.0)])
 def test_gae_matches_naive_oracle(T, B, lam):
     _, _, r, v, boot, disc = random_inputs(T, B, seed=T + B)
-    adv, ret = gae(*t32(r, v, boot, disc), lam)
+    out = gae(*t32(r, v, boot, disc), lam)
+    adv, ret = out.advantages, out.returns
     adv_ref, ret_ref = gae_oracle(r, v, boot, disc, lam)
     assert adv.shape == (T, B) and ret.shape == (T, B)
     np.testing.assert_allclose(adv.numpy(), adv_ref, rtol=1e-4, atol=1e-4)
@@ -132,6 +135,13 @@ def test_gae_matches_naive_oracle(T, B, lam):
 def test_gae_lambda_one_equals_on_policy_vtrace_targets():
     T, B = 9, 3
     beh, _, r, v, boot, disc = random_inputs(T, B, seed=11)
-    _, ret = gae(*t32(r, v, boot, disc), 1.0)
-    vs, _ = vtrace(*t32(beh, beh, r, v, boot, disc))
+    ret = gae(*t32(r, v, boot, disc), 1.0).returns
+    vs = vtrace(*t32(beh, beh, r, v, boot, disc)).vs
     torch.testing.assert_close(ret, vs, rtol=1e-5, atol=1e-5)
+
+
+def test_results_are_named():
+    """vtrace gives (vs, advantages), gae (advantages, returns): callers take them by name, never by position."""
+    beh, tgt, r, v, boot, disc = t32(*random_inputs(3, 2, seed=2))
+    assert vtrace(beh, tgt, r, v, boot, disc)._fields == ("vs", "advantages")
+    assert gae(r, v, boot, disc, 0.9)._fields == ("advantages", "returns")

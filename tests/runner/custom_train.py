@@ -1,4 +1,4 @@
-"""The README's "Your own env" example as a script: a user env registered without editing the library."""
+"""The "Your own env" example of docs/envs.md as a script: a user env registered without editing the library."""
 import sys
 from pathlib import Path
 

@@ -7,7 +7,6 @@ tests/learning/test_distributed.py."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from test_train_e2e import SMALL, wait_for
+from e2e_helpers import ROOT, SMALL, free_port, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_torchrun(args: list, log: Path) -> subprocess.Popen:

@@ -6,16 +6,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
+from e2e_helpers import ROOT
 from sf.cfg import ConfigError, RunError, default_cfg, save_cfg
 from sf.runner.experiment_lock import ExperimentLock, lock_path
 from sf.runner.runner import prepare_experiment_dir
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cfg(tmp_path, behavior, experiment="exp"):
@@ -89,6 +87,7 @@ def _holder(train_dir, name="exp") -> subprocess.Popen:
     return p
 
 
+@pytest.mark.e2e
 def test_lock_refuses_a_second_holder_naming_the_first_and_dies_with_it(tmp_path):
     """Another process holds the lock: acquire() is one line naming its pid and the experiment (ConfigError: exit code
     2). Its SIGKILL releases the lock (the kernel's doing): no stale lock; the file it leaves is taken over."""
@@ -111,6 +110,7 @@ def test_lock_refuses_a_second_holder_naming_the_first_and_dies_with_it(tmp_path
     assert (exp / "marker").read_text() == "old run"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("behavior", ["restart", "overwrite"])
 def test_lock_lasts_across_restart_and_overwrite(tmp_path, behavior):
     """The lock file is beside the experiment directory: moving it aside or deleting it does not free the name."""
@@ -151,6 +151,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.e2e
 def test_a_learner_holds_the_lock_after_its_runner_died(tmp_path):
     """The runner passes its lock to the processes it starts through the fork server (as it does to its learners): a
     runner SIGKILLed leaves the lock held for as long as such a process lives. A new acquire() waits `wait_for_dead`

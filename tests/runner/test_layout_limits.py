@@ -1,6 +1,6 @@
 """Every layout the parameter limits allow can be started. Each process is started from the fork server with every file
 descriptor its arguments carry, and the fork server takes at most MAX_FDS_SENT: the trajectory buffers, the shared
-state and each policy's weights travel as one descriptor each (sf.buffers.packed), and --num_workers is bounded by what
+state and each policy's weights travel as one descriptor each (sf.utils.packed), and --num_workers is bounded by what
 a policy worker (every rollout worker's reply queue) can be sent. A start the system refuses anyway is one line."""
 import re
 import signal
@@ -10,6 +10,7 @@ import sys
 import psutil
 import pytest
 
+from e2e_helpers import ROOT, child_pids, skip_if_unavailable, start_train, wait_for
 import sf.runner.runner as runner_module
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
@@ -21,7 +22,6 @@ from sf.processes.shared_state import SharedState
 from sf.runner.experiment_lock import ExperimentLock
 from sf.runner.healing import process_kind
 from sf_envs.registry import make_env
-from test_train_e2e import ROOT, child_pids, start_train, wait_for
 
 LIMITS = {p.name: int(p.max_value) for p in PARAMS if p.name in
           ("num_policies", "num_workers", "policy_workers_per_policy", "num_envs_per_worker")}
@@ -78,6 +78,7 @@ def test_every_process_of_the_largest_layout_is_sent_few_enough_descriptors(tmp_
     assert most["learner"] < P + 10 and most["rollout_worker"] < 2 * P + 10 and most["policy_worker"] < W + 10, most
 
 
+@pytest.mark.e2e
 def test_fds_sent_counts_what_the_fork_server_is_sent(tmp_path):
     """fds_sent() against the real thing: a process started from a fork server with packed buffers, state and weights
     and a list of queues received exactly the descriptors counted (its Popen's list), and sees the shared memory."""
@@ -150,6 +151,7 @@ def _trained(log, policies: int) -> bool:
     return len(child_pids(log)) > 0 and any(int(v) > 0 for v in re.findall(pattern, text))
 
 
+@pytest.mark.e2e
 def test_the_largest_population_starts_trains_and_stops(tmp_path):
     """--num_policies at its limit (64 learners and 64 policy workers) on the cheapest multi-agent env: every process
     starts, some policies train, Ctrl-C ends the run with every learner's final checkpoint."""
@@ -164,6 +166,7 @@ def test_the_largest_population_starts_trains_and_stops(tmp_path):
     assert len(re.findall(r"Saved final checkpoint .*checkpoint_p\d+/", text)) == P
 
 
+@pytest.mark.e2e
 def test_the_most_workers_start_train_and_stop(tmp_path):
     """--num_workers and --policy_workers_per_policy at their limits (one env each, the cheapest env): every process
     starts, the policy trains, Ctrl-C ends the run cleanly."""
@@ -177,6 +180,7 @@ def test_the_most_workers_start_train_and_stop(tmp_path):
     _stop(proc, log)
 
 
+@pytest.mark.e2e
 def test_the_most_envs_per_worker_start_train_and_stop(tmp_path):
     """--num_envs_per_worker at its limit (one rollout worker): its envs are made and stepped, the policy trains, Ctrl-C
     ends the run cleanly."""
@@ -188,6 +192,7 @@ def test_the_most_envs_per_worker_start_train_and_stop(tmp_path):
     _stop(proc, log)
 
 
+@pytest.mark.e2e
 def test_a_process_the_fork_server_refuses_is_one_line_and_stops_the_others(tmp_path):
     """A fork server that takes fewer descriptors than a rollout worker is sent (multiprocessing's limit lowered to 12,
     so 7 at most): the learner and the policy worker started, the rollout worker cannot be; the run ends with one line
@@ -209,6 +214,7 @@ def test_a_process_the_fork_server_refuses_is_one_line_and_stops_the_others(tmp_
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_doom_duel_bots_population_with_pbt_starts_and_stops(tmp_path):
     """The paper's population (8 policies, population-based training) on doom_duel_bots, whose recurrent model with a
@@ -216,12 +222,7 @@ def test_doom_duel_bots_population_with_pbt_starts_and_stops(tmp_path):
     each learner before they were packed): every process starts, the envs step, Ctrl-C ends the run with every
     learner's final checkpoint."""
     pytest.importorskip("vizdoom")
-    from sf.cfg import default_cfg
-    from sf_envs.registry import EnvUnavailableError, check_env_available
-    try:
-        check_env_available(default_cfg(env="doom_duel_bots"))
-    except EnvUnavailableError as e:
-        pytest.skip(str(e))
+    skip_if_unavailable("doom_duel_bots")
     log = tmp_path / "log.txt"
     proc = _run(["--env", "doom_duel_bots", "--num_policies", "8", "--with_pbt", "True", "--num_workers", "1",
                  "--num_envs_per_worker", "2", "--rollout", "16", "--recurrence", "16", "--use_rnn", "True"], log)

@@ -7,6 +7,8 @@ import pytest
 
 from sf.runner.stats import read_event_scalars
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env, frames, threshold, extra", [

@@ -16,7 +16,10 @@ import psutil
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from e2e_helpers import ROOT
+
+pytestmark = pytest.mark.e2e
+
 SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",
          "--encoder_mlp_layers", "32", "--report_interval_sec", "1", "--device", "cpu"]
 

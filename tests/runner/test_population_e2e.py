@@ -9,8 +9,11 @@ import time
 import psutil
 import pytest
 
+from e2e_helpers import (child_pids, engine_files, shm_files, skip_if_unavailable, start_train, train_args,
+                         wait_for)
 from sf.runner.stats import read_event_scalars
-from test_train_e2e import child_pids, shm_files, start_train, train_args, wait_for
+
+pytestmark = pytest.mark.e2e
 
 POP = ["--num_workers", "2", "--use_rnn", "False", "--learning_rate", "1e-3"]
 
@@ -171,13 +174,7 @@ def test_doom_duel_self_play_smoke(tmp_path):
     pytest.importorskip("vizdoom")
     import fcntl
     from sf_envs.doom import ports
-    from sf_envs.registry import EnvUnavailableError, check_env_available
-    from sf.cfg import default_cfg
-    try:
-        check_env_available(default_cfg(env="doom_duel"))
-    except EnvUnavailableError as e:
-        pytest.skip(str(e))
-    from test_train_e2e import engine_files
+    skip_if_unavailable("doom_duel")
     log = tmp_path / "log.txt"
     proc = start_train(["--env", "doom_duel", "--experiment", "duel", "--train_dir", str(tmp_path), "--num_workers", "1",
                         "--num_envs_per_worker", "2", "--worker_num_splits", "2", "--num_policies", "2",

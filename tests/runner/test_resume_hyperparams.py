@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-from test_train_e2e import train_args
+from e2e_helpers import train_args
+
+pytestmark = pytest.mark.e2e
 
 FLAGS = {"learning_rate": 5e-4, "adam_beta1": 0.8, "adam_beta2": 0.99, "adam_eps": 1e-7}
 

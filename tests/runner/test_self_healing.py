@@ -23,15 +23,15 @@ import torch
 
 from sf.buffers.shared_weights import SharedWeights
 from sf.ipc import Queue
-from sf.learning.checkpoint import CheckpointManager
+from sf.learning.checkpoint_store import CheckpointManager
 from sf.processes.shared_state import SLOT_FREE, SharedState, slot_held, slot_queued
 from sf.runner.healing import Healer, audit_slots
 from sf.runner.stats import read_event_scalars
 from sf.sampling.rollout_worker import RolloutWorker
 from types import SimpleNamespace
 
-from test_rollout_inprocess import Run
-from test_train_e2e import child_pids, engine_files, shm_files, start_train, train_args, wait_for
+from e2e_helpers import child_pids, engine_files, shm_files, start_train, train_args, wait_for
+from sampling_helpers import Run
 
 
 # --- in-process ---
@@ -137,8 +137,9 @@ def test_census_waits_for_live_moves_and_stops_new_ones():
     thread.join()
     assert _on(queues.learner[0]) == [0] and _on(queues.free) == [2, 3]
     queues.free.put_many([2, 3])
-    worker = SimpleNamespace(moving=state.moving_np, census=state.census_np, heartbeat=row, slot_owner=owner, w=0,
-                             finished=[[1]], learner_queues=queues.learner, q=queues, agent_slots=np.zeros((1, 2), int))
+    worker = SimpleNamespace(moving=state.moving_np, census=state.census_np, heartbeat=row, slot_owner=owner,
+                             worker_idx=0, finished=[[1]], learner_queues=queues.learner, queues=queues,
+                             agent_slots=np.zeros((1, 2), int))
     state.census_np[0] = 1  # a census runs
     RolloutWorker._send_finished(worker)
     assert RolloutWorker._move_free_slot(worker, 0, None) is None
@@ -293,6 +294,7 @@ def _stop(p, log) -> str:
     return text
 
 
+@pytest.mark.e2e
 def test_each_process_kind_killed_once_the_run_goes_on(tmp_path):
     log = tmp_path / "log.txt"
     p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "600",
@@ -333,6 +335,7 @@ def _start(tmp_path, log, *extra):
     return p
 
 
+@pytest.mark.e2e
 def test_hung_policy_worker_is_killed_and_replaced(tmp_path):
     log = tmp_path / "log.txt"
     p = _start(tmp_path, log, "--stall_timeout_sec", "4")
@@ -346,6 +349,7 @@ def test_hung_policy_worker_is_killed_and_replaced(tmp_path):
                      r"\(--stall_timeout_sec 4\)", text)
 
 
+@pytest.mark.e2e
 def test_crash_loop_stops_the_run(tmp_path):
     log = tmp_path / "log.txt"
     p = _start(tmp_path, log, "--max_restarts_per_hour", "2")
@@ -373,6 +377,7 @@ def _paused(pause_dir, point: str):
     return pid if stat.rsplit(")", 1)[1].split()[0] == "T" else None  # T: stopped
 
 
+@pytest.mark.e2e
 def test_kills_inside_slot_moves_reclaim_at_once_and_count_lost_frames_exactly(tmp_path, monkeypatch):
     """Three kills at the hardest moments of the slot protocol (pause points: the process stops itself there), in one
     run of 3 rollout workers x 4 envs in one group each (--worker_num_splits 1: a worker's agents step together),
@@ -424,6 +429,7 @@ def test_kills_inside_slot_moves_reclaim_at_once_and_count_lost_frames_exactly(t
     assert read_event_scalars(tmp_path / "e2e")["faults/lost_frames"][-1][1] == 157.0
 
 
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_doom_run_survives_a_kill_of_each_process_kind(tmp_path):
     """doom_basic: a rollout worker SIGKILLed: its VizDoom engines (adopted by the runner) die with their shared memory,

@@ -10,6 +10,8 @@ import pytest
 
 from sf.runner.supervision import Silence, kernel_state, thread_state
 
+pytestmark = pytest.mark.e2e
+
 SPIN = [sys.executable, "-c", "while True: pass"]
 
 

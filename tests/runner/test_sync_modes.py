@@ -10,7 +10,7 @@ import torch
 from sf.learning.checkpoint import weights_sha256
 from sf.runner.stats import read_event_scalars
 
-pytestmark = pytest.mark.doom
+pytestmark = [pytest.mark.doom, pytest.mark.e2e]
 
 # 8 envs x rollout 32 x frameskip 4 = 1024 env frames per training batch: 4 batches, 2 minibatches x 4 epochs each
 BUDGET = 4000

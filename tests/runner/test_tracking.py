@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from e2e_helpers import train_args
 from sf.cfg import ConfigError, parse_cfg
 from sf.distributed import World
 from sf.runner import stats as stats_module
@@ -20,9 +21,6 @@ from sf.runner import tracking
 from sf.runner.runner import Runner
 from sf.runner.stats import format_duration, progress_bar, read_event_scalars
 
-SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",
-         "--encoder_mlp_layers", "32", "--num_envs_per_worker", "4", "--report_interval_sec", "1",
-         "--experiment_summaries_interval", "1", "--device", "cpu", "--num_workers", "2"]
 DONE_LINE = re.compile(r"Done: (\d+) env frames in (?:\d+ h )?(?:\d+ min )?\d+ s \((\d+) frames/s\), policy version \d+")
 
 
@@ -223,11 +221,12 @@ def _offline_runs(exp: Path) -> list[Path]:
     return sorted((exp / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
+@pytest.mark.e2e
 def test_wandb_offline_run_logs_what_tensorboard_gets_and_resumes_the_same_run(tmp_path, entry):
     pytest.importorskip("wandb")
     env = {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"), "WANDB_CACHE_DIR": str(tmp_path / "cache"),
            "WANDB_DATA_DIR": str(tmp_path / "data")}
-    args = ["--env", "test_corridor", "--experiment", "e2e", "--train_dir", str(tmp_path), *SMALL]
+    args = train_args(tmp_path, "test_corridor", "--num_workers", "2")
     res = entry("train.py", *args, "--train_for_env_steps", "3000", "--with_wandb", "True", "--wandb_tags", "t1",
                 timeout=240, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -261,6 +260,7 @@ def test_wandb_offline_run_logs_what_tensorboard_gets_and_resumes_the_same_run(t
     assert DONE_LINE.search(res.stdout)
 
 
+@pytest.mark.e2e
 def test_with_wandb_without_the_package_is_one_line_exit_2(tmp_path, entry):
     fake = tmp_path / "no_wandb"
     fake.mkdir()

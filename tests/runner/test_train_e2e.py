@@ -2,67 +2,15 @@
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
+from e2e_helpers import ROOT, child_pids, engine_files, shm_files, start_train, train_args, wait_for
 from sf.runner.stats import read_event_scalars
 
-SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",
-         "--encoder_mlp_layers", "32", "--num_envs_per_worker", "4", "--report_interval_sec", "1",
-         "--experiment_summaries_interval", "1", "--device", "cpu"]
-
-
-def train_args(tmp_path, env="test_corridor", *extra):
-    return ["--env", env, "--experiment", "e2e", "--train_dir", str(tmp_path), *SMALL, *extra]
-
-
-def start_train(args, log_path: Path) -> subprocess.Popen:
-    log = open(log_path, "w")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT / 'tests' / 'runner'}:{ROOT}")
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=ROOT, env=env)
-
-
-def wait_for(pred, timeout: float, what: str, log: Path | None = None):
-    """Polls `pred` until it holds; on timeout fails with the end of the run's `log`, if given (what it was doing)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    tail = "\n" + log.read_text()[-6000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"timed out waiting for {what}{tail}")
-
-
-def child_pids(log_path: Path) -> dict:
-    pids = {}
-    for line in log_path.read_text().splitlines():
-        if "Started " in line and "(pid " in line:
-            name = line.split("Started ")[1].split(" (pid")[0]
-            pids[name] = int(line.split("(pid ")[1].rstrip(")"))
-    return pids
-
-
-def shm_files(vizdoom: bool = False) -> set:
-    """/dev/shm's entries; VizDoom engines' ones only with `vizdoom` (a non-Doom run makes none, so those present are
-    other runs' on a shared machine: the Doom tests check their own engines' files by instance id)."""
-    return {n for n in os.listdir("/dev/shm") if vizdoom or not n.startswith("ViZDoom")}
-
-
-def engine_files(engines: list) -> set:
-    """The /dev/shm names of these VizDoom engine processes (psutil), from the instance ids on their command lines."""
-    from sf_envs.doom.engine_shm import engine_shm_files
-    names = set()
-    for e in engines:
-        names |= {f.name for f in engine_shm_files(e.cmdline())}
-    return names
+pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("serial", [False, True])
@@ -227,7 +175,7 @@ def test_sigkill_then_resume_continues_counters(tmp_path):
         p.kill()
     wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                              for pid in pids.values()), 10, "children to exit after the parent's SIGKILL")
-    from sf.learning.checkpoint import CheckpointManager
+    from sf.learning.checkpoint_store import CheckpointManager
     before = CheckpointManager(tmp_path / "e2e").load("latest")
     assert before is not None
     # the same command, with a budget just above where it stopped, continues from the checkpoint

@@ -17,9 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from sf.learning import checkpoint as ckpt
-from sf.learning.checkpoint import (CheckpointError, CheckpointManager, check_compatible, load_into,
-                                  make_checkpoint_state, model_signature, restore_rng_states)
+from sf.learning import checkpoint_store as ckpt
+from sf.learning.checkpoint import (CheckpointError, check_compatible, load_into, make_checkpoint_state, model_signature,
+                                    restore_rng_states)
+from sf.learning.checkpoint_store import CheckpointManager
 
 
 class TinyModel(nn.Module):
@@ -407,11 +408,12 @@ def _save_forever(exp_dir: str, first_version: int, started) -> None:
         v += 1
 
 
+@pytest.mark.e2e
 def test_sigkill_during_save_always_leaves_a_loadable_checkpoint(tmp_path, caplog):
     # forkserver: children fork from a clean server that already imported torch (fast, and no fork of a
     # process whose thread pools are running).
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "sf.learning.checkpoint"])
+    ctx.set_forkserver_preload(["torch", "sf.learning.checkpoint_store"])
     mgr = CheckpointManager(tmp_path, keep_checkpoints=2)
     mgr.save({"model": {"w": torch.zeros(4)}, "policy_version": 0, "env_steps": 0, "meta": {"env": "test"}}, 0, 0)
     rng = random.Random(0)

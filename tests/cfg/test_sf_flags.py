@@ -1,7 +1,8 @@
 """Sample Factory's command lines carry over (issue 20): the training and enjoy commands of Sample Factory's own
 documentation run on train.py / enjoy.py as written. Each flag of theirs is ours under the same name, an alias
 (stored under our name), a flag selecting something not implemented (only what we do is accepted, anything else is
-one line and exit code 2) or a flag without meaning here (accepted, one line in the run log). See sf/cfg.py SF_FLAGS.
+one line and exit code 2) or a flag without meaning here (accepted, one line in the run log). See
+sf/cfg/sf_compat.py SF_FLAGS.
 """
 import json
 import shlex
@@ -271,6 +272,7 @@ def test_alias_mistakes_are_one_line(tmp_path, args, needle):
 
 
 # --- refused and ignored flags ----------------------------------------------------------------------------------
+@pytest.mark.e2e
 @pytest.mark.parametrize("script, args, needle", [
     ("train.py", ["--algo=A2C"], "--algo A2C: only APPO is implemented here"),
     ("train.py", ["--pbt_optimize_gamma=True"], "--pbt_optimize_gamma True: PBT mutates the learning rate"),
@@ -374,6 +376,7 @@ def test_reward_scale_and_milestones_parameters(tmp_path):
     assert (cfg.reward_scale, cfg.reward_clip, cfg.save_milestones_sec) == (0.5, 10.0, 1800)
 
 
+@pytest.mark.e2e
 def test_help_lists_sample_factory_flags(entry):
     out = " ".join(entry("train.py", "--help").stdout.split())
     assert "--ppo_epochs PPO_EPOCHS Sample Factory's name for --num_epochs" in out
@@ -387,6 +390,7 @@ def test_help_lists_sample_factory_flags(entry):
 
 
 # --- one real run -----------------------------------------------------------------------------------------------
+@pytest.mark.e2e
 @pytest.mark.doom
 def test_sample_factory_command_trains_end_to_end(entry, tmp_path):
     """Sample Factory's basic VizDoom command (docs "Basic Usage") with its usual extra flags, on 1 worker."""

@@ -5,11 +5,13 @@ import os
 import pytest
 
 import sf.cfg
-from sf.cfg import (CONFIGS_DIR, PARAMS, ConfigError, RunError, _kind, all_params, check_value, cli_main, convert,
+from sf.cfg import (CONFIGS_DIR, PARAMS, ConfigError, RunError, all_params, check_value, cli_main, convert,
                     default_cfg, default_experiment_name, parse_cfg, range_text, save_cfg, validate_experiment_name,
                     validate_train_dir)
+from sf.cfg import value_kind as _kind
 
 
+@pytest.mark.e2e
 def test_every_parameter_in_help(entry):
     res = entry("train.py", "--help")
     assert res.returncode == 0
@@ -19,6 +21,7 @@ def test_every_parameter_in_help(entry):
     assert "(default: 32)" in " ".join(res.stdout.split())  # defaults are shown (help text is wrapped)
 
 
+@pytest.mark.e2e
 def test_enjoy_help_lists_enjoy_flags(entry):
     res = entry("enjoy.py", "--help")
     assert res.returncode == 0
@@ -52,6 +55,7 @@ def test_saved_config_is_resumed_and_flags_override(tmp_path):
     assert cfg.learning_rate != 0.123  # not resuming: the saved config is ignored
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, needle", [
     (["--env", "doom_basc"], "doom_basic"),  # unknown env lists close matches
     (["--env", "doom_basic", "--num_workers", "0"], "--num_workers"),
@@ -123,7 +127,7 @@ def test_table_defaults_are_valid():
     for p in all_params():
         if p.name == "env":
             continue  # required: no default
-        check_value(p, p.default)  # raises _Bad
+        check_value(p, p.default)  # raises ValueProblem
 
 
 def test_presets_are_valid():
@@ -133,7 +137,7 @@ def test_presets_are_valid():
         for entry in [data.get("defaults", {}), *data.get("envs", {}).values()]:
             for k, v in entry.items():
                 assert k in params, (path.name, k)
-                convert(params[k], v)  # raises _Bad
+                convert(params[k], v)  # raises ValueProblem
 
 
 @pytest.mark.parametrize("flag, value, needle", [
@@ -350,7 +354,7 @@ def test_saved_config_unknown_keys_ignored_and_flags_override_bad_values(tmp_pat
 def test_preset_errors_name_file_and_key(tmp_path, monkeypatch):
     presets = tmp_path / "presets"
     presets.mkdir()
-    monkeypatch.setattr(sf.cfg, "CONFIGS_DIR", presets)
+    monkeypatch.setattr(sf.cfg.parse, "CONFIGS_DIR", presets)
     train_dir = tmp_path / "train"
     cases = [
         ('{"defaults": {"rollout": "abc"}}', "test.json: key 'rollout': expected an integer, got 'abc'"),
@@ -430,6 +434,7 @@ def test_cli_main_one_line_and_exit_codes(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, needle", [
     (["--learning_rate", "nan"], "--learning_rate"),
     (["--seed", "-1"], "--seed"),
@@ -445,6 +450,7 @@ def test_entry_points_reject_bad_values_one_line_exit_2(entry, tmp_path, args, n
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.e2e
 def test_entry_point_forged_saved_config_one_line_exit_2(entry, tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "config.json").write_text('{"rollout": "abc"}')

@@ -1,0 +1,349 @@
+"""The parameters of train.py and enjoy.py: one table (`PARAMS`), grouped by concern as Sample Factory's add_*_args,
+plus the env integrations' parameters (sf_envs/params.py). Each entry declares its name, type, default, help and
+which values are valid: both bounds of a number, the choices or a `check` of a string (sf/cfg/string_checks.py).
+The order of the table is the order of --help."""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from sf.cfg.string_checks import (EXPERIMENT_NAME_MAX_LEN, env_name_problem, experiment_problem, label_problem,
+                                  path_problem, train_dir_problem, wandb_project_problem, wandb_tags_problem)
+from sf.utils.errors import ConfigError
+
+LIST_MAX_LEN = 64  # entries of a list parameter (nargs="+")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: Callable  # int, float, str2bool, str, optional_int, optional_str (None allowed), or a custom converter
+    default: Any
+    help: str
+    choices: Optional[Sequence] = None
+    nargs: Optional[str] = None
+    scope: str = "all"  # "all", "train" or "enjoy": which entry point shows the flag
+    min_value: Optional[float] = None  # lower bound (inclusive unless min_exclusive); every entry of a list
+    max_value: Optional[float] = None  # upper bound (inclusive unless max_exclusive)
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    check: Optional[Callable[[Any], Optional[str]]] = None  # for strings: what is wrong with a value, or None
+
+
+# --- the value types of the table -------------------------------------------------------------------------------
+def str2bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("true", "t", "1", "yes", "y", "on"):  # Sample Factory's str2bool spellings (t/f, y/n) included
+        return True
+    if s in ("false", "f", "0", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {v!r}")
+
+
+def to_int(v: Any) -> int:
+    """An int from an int, an integral float (32.0, 1e9) or its string form; raises ValueError otherwise."""
+    if isinstance(v, bool):
+        raise ValueError(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        s = v.strip()
+        try:
+            return int(s, 10)
+        except ValueError:
+            v = float(s)  # "1e9", "32.0"; ValueError for anything else
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise ValueError(v)
+
+
+def optional_int(v: Any) -> Optional[int]:
+    return None if v is None or str(v).lower() == "none" else to_int(v)
+
+
+def optional_str(v: Any) -> Optional[str]:
+    return None if v is None or str(v).lower() == "none" else str(v)
+
+
+# The run: what it trains, where it writes, how it is seeded, its mode and device.
+RUN_PARAMS: list[Param] = [
+    Param("env", str, None, "Environment name, e.g. doom_basic, doom_battle, atari_breakout, dmlab_<level>, gym:<id>, "
+          "test_corridor", check=env_name_problem),
+    Param("experiment", optional_str, None, "Experiment name; its directory is train_dir/experiment (default: the env "
+          f"name). One directory name: 1-{EXPERIMENT_NAME_MAX_LEN} letters, digits, spaces and _-.=,+@:, starting with "
+          "a letter, digit or _", check=experiment_problem),
+    Param("train_dir", str, "train_dir", "Root directory of experiments (not empty, not /)", check=train_dir_problem),
+    Param("restart_behavior", str, "resume", "resume: continue from the latest checkpoint with the saved config; "
+          "restart: move the old experiment directory aside; overwrite: delete it",
+          choices=("resume", "restart", "overwrite"), scope="train"),
+    Param("seed", optional_int, None, "Random seed of every stream of the run (model init, action sampling, minibatch "
+          "order, envs). Not given: drawn at random; either way the seed used is printed and saved in config.json",
+          min_value=0, max_value=2**32 - 1),
+    Param("sync_mode", str, "async", "async: Sample Factory's asynchronous APPO (policy lag varies); hts: HTS-RL's "
+          "deterministic batch-synchronous mode (collection and training overlap, policy lag exactly 1 training "
+          "batch, same seed and config => same weights); ppo: synchronous PPO (collect, train, repeat; policy lag 0). "
+          "In hts and ppo a training batch is one --rollout of every env, split into SGD steps of --batch_size samples",
+          choices=("async", "hts", "ppo"), scope="train"),
+    Param("sync_inference_chunk", int, 8, "hts/ppo: policy workers run the model on chunks of exactly this many "
+          "observations (padded), so that an observation's actions do not depend on which others share its batch (CPU "
+          "kernels give different bits for different batch sizes). A call costs about as much as a few rows, so 8 "
+          "wastes little on Doom's groups of 4-8 envs", scope="train", min_value=1, max_value=4096),
+    Param("device", str, "auto", "auto (CUDA when available, else CPU), cpu or cuda (Sample Factory's gpu: cuda)",
+          choices=("auto", "cpu", "cuda")),
+    Param("serial_mode", str2bool, False, "Run every component in one process (for debugging)", scope="train"),
+]
+
+# Sampling: rollout workers, their envs, policy workers.
+SAMPLING_PARAMS: list[Param] = [
+    Param("num_workers", int, min(os.cpu_count() or 1, 200), "Number of rollout worker processes (at most 200: each "
+          "policy worker is sent every rollout worker's reply queue, one file descriptor apiece, and a new process "
+          "can be sent at most 251)", scope="train", min_value=1, max_value=200),
+    Param("num_envs_per_worker", int, 2, "Envs per rollout worker", scope="train", min_value=1, max_value=4096),
+    Param("worker_num_splits", int, 2, "Groups the envs of a worker are split into (2 = double-buffered sampling)",
+          scope="train", min_value=1, max_value=4096),
+    Param("policy_workers_per_policy", int, 1, "Policy worker processes (batched inference) of each policy",
+          scope="train", min_value=1, max_value=16),
+]
+
+# Populations and population-based training (Sample Factory paper, section 3.5 and appendix
+# A.3.1).
+POPULATION_PARAMS: list[Param] = [
+    Param("num_policies", int, 1, "Policies trained together (a population): each has its own learner, policy "
+          "workers, weights and checkpoint_p{i}; agents are mapped to policies by --policy_mapping", min_value=1,
+          max_value=64),
+    Param("policy_mapping", str, "random", "random: each env draws a policy per agent, again every "
+          "--policy_resample_episodes episodes (the paper); groups: the same draw made per group of envs a rollout "
+          "worker steps together, from one random permutation of the population for all groups (equal shares, whole "
+          "inference batches per policy: fewer and fuller model calls than random); fixed: agent a of env e is always "
+          "played by policy (e * agents_per_env + a) %% num_policies", choices=("random", "groups", "fixed"),
+          scope="train"),
+    Param("policy_resample_episodes", int, 10, "--policy_mapping random/groups: episodes of an env between two draws "
+          "of its agents' policies (a change takes effect at each agent's next episode start)", scope="train",
+          min_value=1, max_value=10**9),
+    Param("pbt_mix_policies_in_one_env", str2bool, True, "Agents of one env may be played by different policies "
+          "(False: every agent of an env by the same policy)", scope="train", nargs="?"),
+    Param("with_pbt", str2bool, False, "Population-based training (needs --num_policies 2 or more): every "
+          "--pbt_period_env_steps the bottom 70%% of the policies mutate their hyperparameters, the worst 30%% copy "
+          "the weights and hyperparameters of one of the best 30%%; False: independent policies", scope="train",
+          nargs="?"),
+    Param("pbt_period_env_steps", int, 5_000_000, "PBT: env frames of a policy between two of its PBT decisions",
+          scope="train", min_value=1, max_value=10**15),
+    Param("pbt_start_mutation", int, 20_000_000, "PBT: no decision before a policy trained on this many env frames",
+          scope="train", min_value=0, max_value=10**15),
+    Param("pbt_replace_fraction", float, 0.3, "PBT: the best and the worst this fraction of the population (at least "
+          "one policy each); the worst copy from the best", scope="train", min_value=0.0, max_value=0.5),
+    Param("pbt_mutation_rate", float, 0.15, "PBT: probability that each hyperparameter of a bottom policy mutates",
+          scope="train", min_value=0.0, max_value=1.0),
+    Param("pbt_perturb_min", float, 1.2, "PBT: a mutation multiplies or divides by a factor drawn in [min, max] (the "
+          "paper: 1.2)", scope="train", min_value=1.0, max_value=100.0),
+    Param("pbt_perturb_max", float, 1.2, "PBT: see --pbt_perturb_min", scope="train", min_value=1.0, max_value=100.0),
+    Param("pbt_replace_reward_gap", float, 0.1, "PBT: no copy when the objectives differ by at most this fraction of "
+          "the better one's (or --pbt_replace_reward_gap_absolute, whichever is larger; the paper's duel rule: 0.35 "
+          "absolute win rate)", scope="train", min_value=0.0, max_value=1e6),
+    Param("pbt_replace_reward_gap_absolute", float, 1e-6, "PBT: see --pbt_replace_reward_gap", scope="train",
+          min_value=0.0, max_value=1e12),
+    Param("pbt_target_objective", str, "true_objective", "PBT: what ranks the policies (average over --stats_avg "
+          "episodes): true_objective = the win rate for envs that report wins (self-play), else the game score where "
+          "reported, else the reward", choices=("true_objective", "reward", "score", "win"), scope="train"),
+]
+
+# Processes at run time: cores, buffers, faults (env errors, stalls, deaths), threads, the
+# data-parallel group, benchmark switches.
+RUNTIME_PARAMS: list[Param] = [
+    Param("set_workers_cpu_affinity", str2bool, True, "Pin rollout workers to cores (round-robin)", scope="train"),
+    Param("num_traj_buffers", int, 0, "Trajectory buffer slots in shared memory (0: enough for all envs plus two "
+          "training batches; --sync_mode hts/ppo always use two per env)", scope="train", min_value=0, max_value=2**24),
+    Param("max_env_restarts", int, 10, "An env that raises in a rollout worker is logged with its traceback and "
+          "replaced by a fresh one (its episode ends there); after this many replacements in one worker the run stops "
+          "with a checkpoint (0: the first error stops it)", scope="train", min_value=0, max_value=10**9),
+    Param("stall_timeout_sec", float, 120.0, "A process that gives no sign of life for this long while it and its env "
+          "engines sleep or are stopped (stuck, e.g. on an engine that hangs) is reported with its Python stack, "
+          "killed and replaced (without self-healing the run stops with a checkpoint); one that computes gets 6x as "
+          "long, one that waits for a CPU is left alone with a warning (0: never)", scope="train", min_value=0.0,
+          max_value=604800.0),
+    Param("max_restarts_per_hour", int, 10, "Self-healing: a rollout worker, policy worker or learner that dies (a "
+          "signal, an exception, a stall) is replaced in place and the run goes on; more deaths than this of one "
+          "process kind within an hour end the run with a checkpoint (a crash loop). 0: any death stops the run. "
+          "--sync_mode hts/ppo never heal (their runs are bit-for-bit repeatable)", scope="train", min_value=0,
+          max_value=10**6),
+    Param("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1,
+          max_value=1024),
+    Param("distributed_timeout_sec", float, 300.0, "torchrun (data-parallel learners): how long a learner waits for "
+          "the other ranks (to form the group, at each training batch and SGD step) before the run stops; a rank that "
+          "dies is noticed at once", scope="train", min_value=1.0, max_value=86400.0),
+    Param("learner_torch_threads", int, 0, "torch threads of the learner (0: the number of cores; with --sync_mode "
+          "hts half of them, since collection runs beside training: learner threads contending with the workers for "
+          "the cores slow both)", scope="train", min_value=0, max_value=1024),
+    Param("sampler_only", str2bool, False, "Benchmark: the learner returns trajectories unused (measures the sampler "
+          "alone)", scope="train"),
+    Param("random_policy", str2bool, False, "Benchmark: policy workers sample uniform random actions without the "
+          "network", scope="train"),
+]
+
+# Learning: trajectories, minibatches, the optimizer, the loss (V-trace or GAE, PPO clipping), rewards.
+LEARNING_PARAMS: list[Param] = [
+    Param("rollout", int, 32, "Trajectory length T (samples per trajectory)", min_value=1, max_value=65536),
+    Param("recurrence", int, 32, "Truncated BPTT length; must divide --rollout", min_value=1, max_value=65536),
+    Param("batch_size", int, 1024, "Minibatch size in samples (one SGD step); a multiple of --rollout", scope="train",
+          min_value=1, max_value=2**24),
+    Param("num_batches_per_epoch", int, 1, "Minibatches per training batch", scope="train", min_value=1,
+          max_value=65536),
+    Param("num_epochs", int, 1, "Passes over each training batch", scope="train", min_value=1, max_value=1024),
+    Param("learning_rate", float, 1e-4, "Adam learning rate", scope="train", min_value=0.0, min_exclusive=True,
+          max_value=1.0),
+    Param("adam_eps", float, 1e-6, "Adam epsilon", scope="train", min_value=0.0, min_exclusive=True, max_value=1.0),
+    Param("adam_beta1", float, 0.9, "Adam beta1", scope="train", min_value=0.0, max_value=1.0, max_exclusive=True),
+    Param("adam_beta2", float, 0.999, "Adam beta2", scope="train", min_value=0.0, max_value=1.0, max_exclusive=True),
+    Param("gamma", float, 0.99, "Discount factor", scope="train", min_value=0.0, max_value=1.0),
+    Param("with_vtrace", str2bool, True, "V-trace targets (False: GAE)", scope="train"),
+    Param("vtrace_rho", float, 1.0, "V-trace rho-bar (importance weight clip)", scope="train", min_value=0.0,
+          min_exclusive=True, max_value=1e6),
+    Param("vtrace_c", float, 1.0, "V-trace c-bar (trace cutting)", scope="train", min_value=0.0, min_exclusive=True,
+          max_value=1e6),
+    Param("gae_lambda", float, 0.95, "GAE lambda (with --with_vtrace False)", scope="train", min_value=0.0,
+          max_value=1.0),
+    Param("ppo_clip_ratio", float, 0.1, "PPO clip: ratio kept in [1/(1+x), 1+x]", scope="train", min_value=0.0,
+          min_exclusive=True, max_value=10.0),
+    Param("ppo_clip_value", float, 1.0, "Value clipping around the behaviour value", scope="train", min_value=0.0,
+          max_value=1e6),
+    Param("exploration_loss_coeff", float, 0.003, "Entropy bonus coefficient", scope="train", min_value=0.0,
+          max_value=100.0),
+    Param("value_loss_coeff", float, 0.5, "Critic loss coefficient", scope="train", min_value=0.0, max_value=100.0),
+    Param("max_grad_norm", float, 4.0, "Gradient norm clip (0: off)", scope="train", min_value=0.0, max_value=1e6),
+    Param("normalize_advantage", str2bool, True, "Normalize advantages per minibatch", scope="train"),
+    Param("max_policy_lag", int, 100, "Samples older than this many SGD steps are masked out of the loss",
+          scope="train", min_value=0, max_value=10**9),
+    Param("reward_scale", float, 1.0, "Env rewards are multiplied by this for training (then clipped to "
+          "--reward_clip); reported returns are the env's own", scope="train", min_value=0.0, min_exclusive=True,
+          max_value=1e6),
+    Param("reward_clip", float, 1000.0, "Training rewards (after --reward_scale) are clipped to [-x, x]", scope="train",
+          min_value=0.0, min_exclusive=True, max_value=1e12),
+]
+
+# The model: encoder, core, activation, normalization.
+MODEL_PARAMS: list[Param] = [
+    Param("use_rnn", str2bool, True, "Recurrent core (False: feed-forward)",),
+    Param("rnn_type", str, "gru", "Recurrent core type", choices=("gru", "lstm")),
+    Param("rnn_size", int, 512, "Recurrent core size", min_value=1, max_value=65536),
+    Param("hidden_size", int, 512, "Size of the fully connected layer after the encoder", min_value=1, max_value=65536),
+    Param("encoder_conv_architecture", str, "auto", "Conv encoder for image observations",
+          choices=("auto", "convnet_simple", "convnet_atari")),
+    Param("encoder_mlp_layers", int, [512, 512], "MLP encoder layer sizes for vector observations "
+          f"(1-{LIST_MAX_LEN} layers)", nargs="+", min_value=1, max_value=65536),
+    Param("nonlinearity", str, "elu", "Activation", choices=("elu", "relu", "tanh")),
+    Param("normalize_input", str2bool, True, "Running mean/std normalization of vector observations",),
+    Param("normalize_returns", str2bool, False, "Train the critic on normalized returns",),
+]
+
+# Budget, checkpoints, statistics and summaries.
+BUDGET_PARAMS: list[Param] = [
+    Param("train_for_env_steps", int, 10_000_000_000, "Stop after this many env frames", scope="train", min_value=1,
+          max_value=10**15),
+    Param("train_for_seconds", int, 10_000_000_000, "Stop after this many seconds", scope="train", min_value=1,
+          max_value=10**10),
+    Param("save_every_sec", int, 120, "Checkpoint period in seconds", scope="train", min_value=1, max_value=10**7),
+    Param("keep_checkpoints", int, 2, "Latest checkpoints kept (plus the best)", scope="train", min_value=1,
+          max_value=1000),
+    Param("save_best_metric", str, "reward", "Metric of the best checkpoint (average over --stats_avg episodes)",
+          choices=("reward", "score"), scope="train"),
+    Param("save_best_after", int, 100_000, "Keep a best checkpoint only after this many env frames", scope="train",
+          min_value=0, max_value=10**15),
+    Param("save_milestones_sec", int, -1, "Every this many seconds, also keep a copy of the checkpoint in "
+          "checkpoint_p0/milestones/ that is never pruned (-1 or 0: no milestones)", scope="train", min_value=-1,
+          max_value=10**10),
+    Param("stats_avg", int, 100, "Episodes averaged for reward statistics", scope="train", min_value=1,
+          max_value=10**6),
+    Param("report_interval_sec", float, 5.0, "Console report period", scope="train", min_value=0.1, max_value=86400.0),
+    Param("experiment_summaries_interval", float, 10.0, "TensorBoard summary period in seconds", scope="train",
+          min_value=0.1, max_value=86400.0),
+]
+
+# Weights & Biases (Sample Factory's flags).
+WANDB_PARAMS: list[Param] = [
+    Param("with_wandb", str2bool, False, "Log the run's summaries to Weights & Biases too", scope="train"),
+    Param("wandb_user", optional_str, None, "W&B entity (user or team); None: the logged-in user's default",
+          scope="train", check=label_problem),
+    Param("wandb_project", str, "sf", "W&B project", scope="train", check=wandb_project_problem),
+    Param("wandb_group", optional_str, None, "W&B group of the run (None: none)", scope="train", check=label_problem),
+    Param("wandb_job_type", optional_str, None, "W&B job type of the run (None: none)", scope="train",
+          check=label_problem),
+    Param("wandb_tags", str, [], "W&B tags of the run (0 or more, each 1-64 characters)", nargs="*", scope="train",
+          check=wandb_tags_problem),
+]
+
+# enjoy.py: the checkpoint, rendering, the video, when to stop.
+ENJOY_PARAMS: list[Param] = [
+    Param("load_checkpoint_kind", str, "latest", "Checkpoint to load", choices=("latest", "best"), scope="enjoy"),
+    Param("no_render", str2bool, False, "Run headless (no window)", scope="enjoy", nargs="?"),
+    Param("save_video", str2bool, False, "Write an H.264 .mp4 of the episodes (yuv420p: plays in browsers and common "
+          "players) at the game's render resolution", scope="enjoy", nargs="?"),
+    Param("video_name", optional_str, None, "Video file name, ending in .mp4: a bare name goes in the experiment dir, "
+          "a path is taken as given (default: replay_<experiment>.mp4 in the experiment dir)", scope="enjoy",
+          check=path_problem),
+    Param("video_gif", str2bool, False, "With --save_video: also write an animated GIF beside the .mp4 (same name, "
+          ".gif; GIFs grow fast: keep them short with --video_frames)", scope="enjoy", nargs="?"),
+    Param("video_frames", int, 1_000_000_000, "Maximum frames written to the video", scope="enjoy", min_value=1,
+          max_value=10**12),
+    Param("fps", int, 0, "Video/window frame rate (0: the env's natural rate)", scope="enjoy", min_value=0,
+          max_value=1000),
+    Param("max_num_episodes", int, 1_000_000_000, "Stop after this many episodes", scope="enjoy", min_value=1,
+          max_value=10**12),
+    Param("max_num_frames", int, 1_000_000_000, "Stop after this many env frames", scope="enjoy", min_value=1,
+          max_value=10**15),
+    Param("eval_deterministic", str2bool, False, "Take the most likely action instead of sampling", scope="enjoy",
+          nargs="?"),
+    Param("policy_index", int, [0], "The policies that play (a population): agent a of a multi-agent env is played by "
+          "the a-th of them (cycling), a single-agent env by the first", scope="enjoy", nargs="+", min_value=0,
+          max_value=63),
+]
+
+PARAMS: list[Param] = [*RUN_PARAMS, *SAMPLING_PARAMS, *POPULATION_PARAMS, *RUNTIME_PARAMS, *LEARNING_PARAMS,
+                       *MODEL_PARAMS, *BUDGET_PARAMS, *WANDB_PARAMS, *ENJOY_PARAMS]
+
+# Parameters that describe the run's identity: never taken from a saved config.json over the command line.
+NOT_RESUMED = {"restart_behavior", "train_dir", "experiment"}
+
+# Named checks an env parameter (a dict in sf_envs/params.py) may give as "check".
+NAMED_CHECKS: dict[str, Callable[[Any], Optional[str]]] = {"path": path_problem}
+
+
+def all_params() -> list[Param]:
+    """The core table plus the env integrations' parameters (sf_envs/params.py)."""
+    params = list(PARAMS)
+    try:
+        from sf_envs.params import ENV_PARAMS
+    except ImportError:  # the env package is optional for the core library
+        ENV_PARAMS = []
+    for p in ENV_PARAMS:
+        if isinstance(p, dict):
+            typ = p["type"]
+            if typ is bool:
+                typ = str2bool
+            elif p.get("default") is None and typ in (int, str):
+                typ = optional_int if typ is int else optional_str
+            check = p.get("check")
+            p = Param(p["name"], typ, p.get("default"), p.get("help", ""), p.get("choices"), p.get("nargs"),
+                      scope=p.get("scope", "all"), min_value=p.get("min_value"), max_value=p.get("max_value"),
+                      min_exclusive=p.get("min_exclusive", False), max_exclusive=p.get("max_exclusive", False),
+                      check=NAMED_CHECKS[check] if isinstance(check, str) else check)
+        params.append(p)
+    return params
+
+
+def default_cfg(**overrides) -> argparse.Namespace:
+    """Every parameter at its table default (no preset), with `overrides` applied. For tests and scripts."""
+    cfg = argparse.Namespace(**{p.name: copy_default(p.default) for p in all_params()})
+    for k, v in overrides.items():
+        if not hasattr(cfg, k):
+            raise ConfigError(f"unknown parameter {k!r}")
+        setattr(cfg, k, v)
+    return cfg
+
+
+def copy_default(v):
+    """A default of the table for one configuration: a list is copied (a run may not change the table's)."""
+    return list(v) if isinstance(v, list) else v

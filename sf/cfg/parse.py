@@ -1,0 +1,261 @@
+"""The command line and the layers of a configuration: the argparse parser, the presets (configs/<family>.json),
+`parse_cfg`, the saved config.json (read on resume and by enjoy, written by `save_cfg`), and the entry points'
+one-line errors (`cli_main`, `run_guarded`).
+
+    table defaults  <  configs/<family>.json "defaults"  <  its "envs"[<env>]  <  saved config.json
+    (resume / enjoy)  <  flags given on the command line
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from sf.cfg.params import NOT_RESUMED, Param, all_params, copy_default
+from sf.cfg.sf_compat import SF_DEST, SF_FLAGS, SF_VALUES, apply_sf_aliases, check_sf_flags, sf_flag_help
+from sf.cfg.string_checks import default_experiment_name, validate_experiment_name, validate_train_dir
+from sf.cfg.validate import from_command_line, from_file, range_text, scale_envs_per_worker, value_kind, verify
+from sf.utils.errors import ConfigError, RunError
+from sf.utils.files import one_line, write_json_atomic
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent  # sf/cfg/parse.py -> the clone (or site-packages)
+# The presets (configs/<family>.json): in an installed copy (wheel, `pip install .`) the package data `sf_configs`
+# beside `sf` (setup.py maps the clone's configs/ to it); in a clone, also under `pip install -e .`, configs/ itself.
+CONFIGS_DIR = next((d for d in (REPO_ROOT / "sf_configs", REPO_ROOT / "configs") if d.is_dir()), REPO_ROOT / "configs")
+# Env families that ship a preset (sf_envs/registry.py's built-in families): a missing file is a broken install.
+FAMILIES_WITH_PRESETS = ("doom", "atari", "dmlab", "gym", "test")
+
+
+# --- the command line -----------------------------------------------------------------------------------------------
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse that reports mistakes as one line (with close matches for unknown flags), exit code 2."""
+
+    def error(self, message):
+        if message.startswith("unrecognized arguments"):
+            bad = [a.split("=")[0] for a in message.split(":", 1)[1].split() if a.startswith("--")]
+            known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            hints = [m for b in bad for m in difflib.get_close_matches(b, known, n=3)]
+            if hints:
+                message += f" (did you mean {', '.join(hints)}?)"
+        raise ConfigError(" ".join(message.split()) + "; see --help")
+
+
+def build_parser(mode: str, prog: str) -> argparse.ArgumentParser:
+    """The command-line parser: every parameter of the mode, with its range and default in the help text.
+    Values are parsed as strings and converted and checked by `parse_cfg` (as those of presets and config.json)."""
+    parser = OneLineArgumentParser(prog=prog, argument_default=argparse.SUPPRESS, allow_abbrev=False,
+                                   description="Asynchronous PPO (Sample Factory architecture). Defaults shown are "
+                                               "the table defaults; configs/<family>.json presets override them.")
+    for p in all_params():
+        if p.scope not in ("all", mode):
+            continue
+        rng = range_text(p)
+        valid = f"; range {rng}{' or None' if value_kind(p)[1] else ''}" if rng else ""
+        kwargs = dict(type=str, help=f"{p.help}{valid} (default: {p.default})", metavar=p.name.upper())
+        if p.choices:
+            kwargs["metavar"] = "{" + ",".join(map(str, p.choices)) + "}"
+        if p.nargs == "?":  # boolean switches: `--no_render` alone means True
+            kwargs.update(nargs="?", const=True)
+        elif p.nargs:
+            kwargs["nargs"] = p.nargs
+        parser.add_argument(f"--{p.name}", **kwargs)
+    shown = {p.name for p in all_params() if p.scope in ("all", mode)}
+    group = parser.add_argument_group(
+        "Sample Factory's flags", "accepted so that Sample Factory's documented command lines run as written: "
+        "aliases (stored under our name), flags selecting something not implemented (only what we do is accepted) "
+        "and flags without meaning here (ignored, with a line in the log)")
+    for f in SF_FLAGS:
+        if (f.target not in shown) if f.kind == "alias" else f.scope not in ("all", mode):
+            continue
+        kwargs = dict(type=str, help=sf_flag_help(f), dest=SF_DEST + f.name, metavar=f.name.upper())
+        if f.nargs == "?":
+            kwargs.update(nargs="?", const="True")
+        elif f.nargs:
+            kwargs["nargs"] = f.nargs
+        group.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+# --- JSON files: presets and the saved config.json ------------------------------------------------------------------
+def read_json_object(path: Path, shown: str) -> dict:
+    """The JSON object in `path`; one-line ConfigError (naming `shown`) for anything else."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RunError(f"cannot read {shown}: {e.strerror or e}") from None  # an I/O failure, not bad input
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown} is not valid JSON: not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{shown} is not valid JSON: {first}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: expected a JSON object {{\"key\": value, ...}}, got {_json_type(data)}")
+    return data
+
+
+def _json_type(v: Any) -> str:
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _preset_path_shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def load_preset(env_name: str, family: str) -> dict:
+    """Values of configs/<family>.json: its "defaults" then its "envs"[env_name] entry (raw JSON values,
+    converted and checked by parse_cfg). ConfigError naming the file if it is not of that form.
+
+    Every built-in family (FAMILIES_WITH_PRESETS) has a preset: a missing one is a ConfigError naming the file
+    (an install without its package data would otherwise train silently with the table defaults). Families that
+    users add with register_env() have none by design ({}: the table defaults), unless they put one in CONFIGS_DIR."""
+    path = CONFIGS_DIR / f"{family}.json"
+    if not path.exists():
+        if family in FAMILIES_WITH_PRESETS:
+            raise ConfigError(f"preset {path} of env family {family!r} is missing (an install without its package "
+                              f"data sf_configs? reinstall: pip install .)")
+        return {}
+    shown = _preset_path_shown(path)
+    data = read_json_object(path, shown)
+    defaults, envs = data.get("defaults", {}), data.get("envs", {})
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{shown}: key 'defaults': expected a JSON object, got {_json_type(defaults)}")
+    if not isinstance(envs, dict):
+        raise ConfigError(f"{shown}: key 'envs': expected a JSON object, got {_json_type(envs)}")
+    entry = envs.get(env_name, {})
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{shown}: key 'envs'.{env_name!r}: expected a JSON object, got {_json_type(entry)}")
+    values = dict(defaults)
+    values.update(entry)
+    return values
+
+
+def save_cfg(cfg, exp_dir: Path) -> Path:
+    """Write the resolved configuration as exp_dir/config.json, atomically (write_json_atomic). Creates exp_dir if
+    needed. Call it only after every check has passed. An OS error raises RunError (one line naming the file)."""
+    values = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}  # parameters only (not cfg._notes)
+    return write_json_atomic(Path(exp_dir) / "config.json", values)
+
+
+# --- one configuration, layer over layer ----------------------------------------------------------------------------
+def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: str = "train.py") -> argparse.Namespace:
+    """Resolve the configuration of one run (see the module docstring for the layers). Raises ConfigError.
+    Reads the preset and the saved config.json; writes nothing."""
+    raw = vars(build_parser(mode, prog).parse_args(argv))
+    sf_given = {k[len(SF_DEST):]: raw.pop(k) for k in list(raw) if k.startswith(SF_DEST)}
+    if not raw.get("env"):
+        raise ConfigError("--env is required, e.g. --env doom_basic (see --help)")
+    notes = check_sf_flags(sf_given)  # first: a run Sample Factory's flags ask for that is not implemented here
+    params = {p.name: p for p in all_params()}
+    for k, spelling in SF_VALUES.items():  # e.g. Sample Factory's --device gpu
+        if isinstance(raw.get(k), str) and raw[k] in spelling:
+            raw[k] = spelling[raw[k]]
+    explicit = {k: from_command_line(params[k], v) for k, v in raw.items()}
+    apply_sf_aliases(sf_given, explicit, params)
+
+    values = _preset_values(explicit["env"], params)
+    values.update(explicit)
+    if values["experiment"] is None:
+        values["experiment"] = default_experiment_name(values["env"])
+    validate_train_dir(values["train_dir"])  # before the saved config is looked for under them
+    validate_experiment_name(values["experiment"])
+    saved = _layer_saved_config(values, explicit, params, mode)
+    if mode == "train":
+        envs_given = "num_envs_per_worker" in explicit or "num_envs_per_worker" in saved
+        notes += _training_defaults(values, envs_given)
+    cfg = argparse.Namespace(**values)
+    verify(cfg, mode)
+    cfg._notes = notes  # for the log; not a parameter, not saved
+    cfg._explicit = frozenset(explicit)  # the parameters given on the command line (a resumed PBT run: over its state)
+    return cfg
+
+
+def _preset_values(env: str, params: dict[str, Param]) -> dict[str, Any]:
+    """The table defaults with the env family's preset over them, every value of the preset checked."""
+    try:  # the env integrations are a package of their own, which the core does not need to import
+        from sf_envs.registry import env_spec  # (it raises a one-line error with close matches)
+    except ImportError as e:
+        raise ConfigError(f"--env {env}: the env integrations (package sf_envs) cannot be imported: {e}") from None
+    try:
+        spec = env_spec(env)
+    except ValueError as e:
+        raise ConfigError(f"--env: {e}") from None
+    values = {name: copy_default(p.default) for name, p in params.items()}
+    preset_shown = _preset_path_shown(CONFIGS_DIR / f"{spec.family}.json")
+    for k, v in load_preset(spec.name, spec.family).items():  # every value checked, even one a flag overrides
+        if k not in params:
+            raise ConfigError(f"{preset_shown}: unknown parameter {k!r}")
+        values[k] = from_file(preset_shown, k, params[k], v)
+    return values
+
+
+def _layer_saved_config(values: dict, explicit: dict, params: dict[str, Param], mode: str) -> dict:
+    """Put the experiment's saved config.json (resume, enjoy) into `values`, under the flags given; returns what it
+    held ({} when it is not read). Keys that are not parameters (other versions wrote them), the run's identity,
+    enjoy-only parameters and those given as flags (so a flag repairs a bad saved value) are neither used nor
+    checked."""
+    saved_path = Path(values["train_dir"]) / values["experiment"] / "config.json"
+    resuming = mode == "enjoy" or values["restart_behavior"] == "resume"
+    try:
+        has_saved = resuming and saved_path.exists()
+    except OSError as e:
+        raise RunError(f"cannot read {saved_path}: {e.strerror or e}") from None  # e.g. a path too long: I/O, exit 1
+    if not has_saved:
+        return {}
+    saved = read_json_object(saved_path, str(saved_path))
+    for k, v in saved.items():
+        if k in params and k not in NOT_RESUMED and k not in explicit and params[k].scope != "enjoy":
+            values[k] = from_file(str(saved_path), k, params[k], v)
+    return saved
+
+
+def _training_defaults(values: dict, envs_given: bool) -> list[str]:
+    """Train mode's defaults that depend on the machine or on other values (envs per worker, the seed), set in
+    `values`; returns their lines for the run log."""
+    notes = []
+    if not envs_given:
+        envs = scale_envs_per_worker(values["num_envs_per_worker"], values["num_workers"], values["worker_num_splits"])
+        if envs != values["num_envs_per_worker"]:
+            notes.append(f"--num_envs_per_worker {envs} (the default {values['num_envs_per_worker']} spread over "
+                         f"{values['num_workers']} rollout workers on {os.cpu_count()} cores; set it to override)")
+            values["num_envs_per_worker"] = envs
+    if values["with_pbt"] and values["num_policies"] < 2:
+        notes.append(f"--with_pbt True with --num_policies {values['num_policies']}: population-based training needs "
+                     "2 or more policies; nothing to do")
+    if values["seed"] is None:  # every run is reproducible from its config.json
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "") if os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        if run_id:  # torchrun: every rank must draw the same seed (rank 0's config.json keeps it)
+            values["seed"] = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "little") & 0x7FFFFFFF
+        else:
+            values["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        notes.append(f"--seed {values['seed']} (drawn at random; config.json keeps it)")
+    return notes
+
+
+# --- entry points -----------------------------------------------------------------------------------------------------
+def cli_main(main: Callable[[argparse.Namespace], int], mode: str, prog: str, argv=None) -> int:
+    """Parse the command line, run `main(cfg)`; errors as in run_guarded."""
+    return run_guarded(prog, lambda: main(parse_cfg(argv, mode=mode, prog=prog)))
+
+
+def run_guarded(prog: str, body: Callable[[], int]) -> int:
+    """`body()`'s exit code. A ConfigError (bad input) becomes one line on stderr and exit code 2; a RunError (e.g.
+    an I/O failure) one line and exit code 1: every entry point's user-facing errors look alike."""
+    try:
+        return body()
+    except ConfigError as e:
+        print(f"{prog}: error: {one_line(e, limit=None)}", file=sys.stderr)
+        return 2
+    except RunError as e:
+        print(f"{prog}: error: {one_line(e, limit=None)}", file=sys.stderr)
+        return 1

@@ -1,0 +1,278 @@
+"""Pre-flight: everything train.py does before the run starts, in the order run_training does it. The console (and a
+buffer for the log file) first, background errors as one line each, torchrun's world; then the checks, each refusing a
+run in one line before anything is written or allocated: the env runs (probe_env), the trajectory slots hold a batch
+(trajectory_slots), the run fits in memory (check_memory), the checkpoint to resume fits this env and model
+(check_checkpoint), a resumed experiment has frames left to train (already_trained); only then, under the
+experiment's lock, the experiment directory (prepare_experiment_dir) and its log file (setup_logging).
+"""
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from sf import distributed
+from sf.buffers.trajectory_buffers import shm_available_bytes, shm_used_bytes
+from sf.cfg import ConfigError, RunError, experiment_dir
+from sf.learning.checkpoint import CheckpointError, check_compatible
+from sf.learning.checkpoint_store import CheckpointManager
+from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG
+from sf.seeding import rank_seed
+from sf_envs.registry import make_env
+
+log = logging.getLogger("sf")
+
+
+
+def setup_logging(exp_dir: Path | None = None, early: logging.handlers.MemoryHandler | None = None):
+    """Without exp_dir: the console, plus a buffer of what is logged before the experiment directory may be written
+    (returned). With exp_dir: also exp_dir/sf_log.txt, which first receives that buffer. Tracebacks of crashed processes
+    go to the file only (TRACE_LOG): the console gets one line per crash, naming the file."""
+    fmt = logging.Formatter(LOG_FORMAT, LOG_DATEFMT)
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    if exp_dir is None:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        console = logging.StreamHandler(sys.stdout)
+        console.setFormatter(fmt)
+        early = logging.handlers.MemoryHandler(capacity=10_000, flushLevel=logging.CRITICAL + 1)
+        for h in (console, early):
+            root.addHandler(h)
+        return early
+    file_handler = logging.FileHandler(exp_dir / "sf_log.txt")
+    file_handler.setFormatter(fmt)
+    if early is not None:
+        early.setTarget(file_handler)
+        early.close()  # flushes into the file
+        root.removeHandler(early)
+    root.addHandler(file_handler)
+    trace = logging.getLogger(TRACE_LOG)
+    trace.propagate = False
+    for h in list(trace.handlers):
+        trace.removeHandler(h)
+    trace.addHandler(file_handler)
+    return None
+
+
+def report_background_errors() -> None:
+    """An exception in a background thread or an atexit callback of this process (tensorboardX's writer thread when the
+    disk is full, say) is one warning line on the console, its traceback in the log file, instead of a traceback on the
+    console; a log file that cannot be written any more is not reported by logging with tracebacks of its own."""
+    def thread_hook(args) -> None:
+        where = args.thread.name if args.thread is not None else "a thread"
+        log.warning("error in background thread %s: %s: %s", where, args.exc_type.__name__, args.exc_value)
+        logging.getLogger(TRACE_LOG).warning("in thread %s", where, exc_info=(args.exc_type, args.exc_value,
+                                                                             args.exc_traceback))
+
+    def unraisable_hook(unraisable) -> None:
+        exc = unraisable.exc_value
+        log.warning("error %s: %s: %s", unraisable.err_msg or "ignored", type(exc).__name__, exc)
+        logging.getLogger(TRACE_LOG).warning("%s", unraisable.err_msg, exc_info=(unraisable.exc_type, exc,
+                                                                                unraisable.exc_traceback))
+
+    threading.excepthook = thread_hook
+    sys.unraisablehook = unraisable_hook
+    logging.raiseExceptions = False
+
+
+def data_parallel_world(cfg) -> distributed.World:
+    """This process's rank when torchrun started it (sf/distributed.py: the learners of all ranks average their
+    gradients); one rank otherwise. Refuses what data-parallel runs do not support, gives the rank its share of the
+    machine's cores (ranks of one machine split them) and, past rank 0, streams of its own for envs, actions and
+    minibatches (the weights are rank 0's, broadcast at start)."""
+    try:
+        world = distributed.world_from_env()
+    except ValueError as e:
+        raise ConfigError(f"torchrun's environment: {e}") from None
+    if not world.distributed:
+        return world
+    for refused, why in ((cfg.sync_mode != "async", f"--sync_mode {cfg.sync_mode}"),
+                         (cfg.num_policies > 1, f"--num_policies {cfg.num_policies}"), (cfg.serial_mode, "--serial_mode")):
+        if refused:
+            raise ConfigError(f"{why}: data-parallel runs (torchrun) support one policy trained asynchronously only")
+    cores = sorted(os.sched_getaffinity(0))
+    if world.local_world_size > 1 and len(cores) >= world.local_world_size:
+        os.sched_setaffinity(0, cores[world.local_rank::world.local_world_size])  # inherited by every process started
+    cfg.seed = rank_seed(cfg.seed, world.rank)  # past rank 0, streams of its own (sf.seeding)
+    log.info("Data-parallel rank %d of %d (local rank %d of %d, cores %s), learners' group at %s:%d; --batch_size %d "
+             "per rank", world.rank, world.world_size, world.local_rank, world.local_world_size,
+             ",".join(map(str, sorted(os.sched_getaffinity(0)))), world.master_addr, world.master_port, cfg.batch_size)
+    return world
+
+
+def probe_env(cfg):
+    """Make one env in the runner to read its spaces (and fail early, in one line, if it cannot run). Also returns
+    what one env costs in memory (bytes: the processes it starts, e.g. a VizDoom engine, plus what it allocates here),
+    the modules making it imported (the fork server imports them once for every worker) and its reward-shaping
+    coefficients (name -> value; {} for envs without: population-based training mutates them)."""
+    modules_before = set(sys.modules)
+    me = psutil.Process()
+    children_before = {c.pid for c in me.children(recursive=True)}
+    uss_before, shm_before = _uss(me), shm_used_bytes()
+    try:
+        env = make_env(cfg, env_index=0)
+    except (ImportError, FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e).splitlines()[0] if str(e) else repr(e)) from None
+    try:
+        env_bytes = max(0, _uss(me) - uss_before) + max(0, shm_used_bytes() - shm_before)  # VizDoom: screen buffers in /dev/shm
+        env_bytes += sum(_uss(c) for c in me.children(recursive=True) if c.pid not in children_before)
+        obs_space, action_space = env.observation_space, env.action_space
+        shaping = dict(sorted(env.reward_shaping_defaults().items())) if hasattr(env, "reward_shaping_defaults") else {}
+    finally:
+        env.close()
+    modules = sorted({m.split(".")[0] for m in set(sys.modules) - modules_before if not m.startswith("_")})
+    return obs_space, action_space, env_bytes, modules, shaping
+
+
+def _uss(process) -> int:
+    """Memory private to `process` (bytes; RSS where USS cannot be read)."""
+    try:
+        return process.memory_full_info().uss
+    except (psutil.Error, AttributeError):
+        try:
+            return process.memory_info().rss
+        except psutil.Error:
+            return 0
+
+
+def trajectory_slots(cfg, agents_per_env: int) -> tuple[int, int]:
+    """(trajectories of one training batch, trajectory slots to allocate): one trajectory stream per agent, and every
+    learner holds up to two training batches. Refuses a layout where a policy would never play or the slots cannot
+    hold what is in flight."""
+    num_policies = cfg.num_policies
+    trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
+    num_agents = cfg.num_workers * cfg.num_envs_per_worker * agents_per_env
+    if cfg.policy_mapping == "fixed" and num_policies > num_agents:
+        raise ConfigError(f"--policy_mapping fixed: {num_policies} policies but {num_agents} agents "
+                          f"(num_workers x num_envs_per_worker x {agents_per_env} agents per env): policies "
+                          f"{num_agents}-{num_policies - 1} would never play; use more envs or --policy_mapping "
+                          "random")
+    batches = num_policies * trajs_per_batch
+    num_slots = cfg.num_traj_buffers or num_agents + 2 * batches
+    if cfg.sync_mode != "async":  # two storages of one slot per env (HTS-RL); --num_traj_buffers does not apply
+        trajs_per_batch, num_slots = num_agents, 2 * num_agents
+    elif num_slots < num_agents + batches:
+        raise ConfigError(f"--num_traj_buffers {num_slots} is too small: need at least num_workers*num_envs_per_worker"
+                          f"*agents_per_env + num_policies*batch_size*num_batches_per_epoch/rollout = "
+                          f"{num_agents + batches}")
+    return trajs_per_batch, num_slots
+
+
+
+# Private memory of one worker process forked from the fork server (torch and the envs' modules are shared with it),
+# with a margin: measured on the 2-core VM with doom_battle, a rollout worker 13 MiB (USS; 43 MiB PSS), a policy worker
+# 41 MiB. The learner's activations and batches come on top, in proportion to the samples of an SGD step (~1 GiB
+# measured with the paper's model and batch 2048: a population of small models is not refused for 1 GiB per learner).
+WORKER_PROCESS_BYTES = 80 * 2**20
+LEARNER_WORKSPACE_BYTES, LEARNER_WORKSPACE_BATCH = 2**30, 2048
+# Copies of the model's parameters the learner holds: the model, its gradients, Adam's two moments, the shared copy
+# the policy workers read (each policy worker holds one more).
+LEARNER_MODEL_COPIES = 5
+
+
+def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int) -> None:
+    """Refuse, in one line with the estimate, a run that cannot fit in this machine's memory, before anything of it is
+    allocated or started. env_bytes: what one env was measured to take (probe_env)."""
+    num_envs = cfg.num_workers * cfg.num_envs_per_worker
+    policies = cfg.num_policies
+    processes = cfg.num_workers + policies * (cfg.policy_workers_per_policy + 1)
+    parts = {
+        "trajectory buffers": buffer_bytes,
+        f"{num_envs} envs": num_envs * env_bytes,
+        f"{processes} processes": processes * WORKER_PROCESS_BYTES
+        + policies * LEARNER_WORKSPACE_BYTES * cfg.batch_size // LEARNER_WORKSPACE_BATCH,
+        "model copies": model_bytes * policies * (LEARNER_MODEL_COPIES + cfg.policy_workers_per_policy),
+    }
+    need, have = sum(parts.values()), psutil.virtual_memory().available
+    shm_need, shm_have = buffer_bytes + model_bytes * policies, shm_available_bytes()
+    gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
+    detail = ", ".join(f"{k} {gib(v)}" for k, v in parts.items())
+    if need > 0.9 * have:
+        raise ConfigError(f"this configuration needs about {gib(need)} of memory ({detail}) but {gib(have)} is available; "
+                          "lower --num_workers, --num_envs_per_worker, --num_policies, --batch_size or the model size")
+    if shm_need > 0.9 * shm_have:
+        raise ConfigError(f"not enough shared memory: trajectory buffers and weights need {gib(shm_need)}, /dev/shm has "
+                          f"{gib(shm_have)} free; lower --num_envs_per_worker/--batch_size or enlarge /dev/shm")
+
+
+def check_checkpoint(cfg, exp_dir: Path, meta: dict, world: distributed.World) -> list[tuple[int, int]]:
+    """Before anything is written: the checkpoint to resume from must fit this env and model (meta: checkpoint_meta of
+    this run's model), and have been trained by as many data-parallel ranks. Returns each policy's checkpoint as
+    (version, frames); (0, 0) where there is none, and for every policy unless --restart_behavior resume."""
+    resumed: list[tuple[int, int]] = [(0, 0)] * cfg.num_policies
+    if cfg.restart_behavior != "resume":
+        return resumed
+    try:
+        for p in range(cfg.num_policies):
+            manager = CheckpointManager(exp_dir, policy_id=p, keep_checkpoints=cfg.keep_checkpoints)
+            state = manager.load("latest")
+            if state is not None:
+                check_compatible(state["meta"], meta, state.get("path", exp_dir / f"checkpoint_p{p}"))
+                resumed[p] = (int(state["policy_version"]), int(state["env_steps"]))
+                ranks = int(state.get("world_size", 1))
+                if ranks != world.world_size:
+                    raise CheckpointError(
+                        f"{state.get('path', exp_dir)} was trained by {ranks} data-parallel rank(s), this run "
+                        f"has {world.world_size}: resume with the same number (torchrun --nnodes x "
+                        f"--nproc-per-node = {ranks}), or start a new experiment")
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    return resumed
+
+
+def already_trained(cfg, resumed: list[tuple[int, int]], world: distributed.World) -> bool:
+    """A resumed experiment whose checkpoints reached --train_for_env_steps already (every policy's; with torchrun,
+    all ranks' frames together, each rank having trained as many as rank 0's checkpoint records)."""
+    trained = world.world_size * min(steps for _, steps in resumed)
+    return cfg.restart_behavior == "resume" and trained >= cfg.train_for_env_steps
+
+
+def nothing_to_train(cfg, resumed: list[tuple[int, int]], world: distributed.World, exp_dir: Path) -> int:
+    """A finished experiment resumed with the same budget: start nothing, write nothing (no checkpoint re-saved, no
+    best relabelled, no config.json, log or event file); say so with the experiment's counters. Exit code 0."""
+    if cfg.num_policies > 1:
+        counters = (f"policy versions {', '.join(str(v) for v, _ in resumed)}; env frames "
+                    f"{', '.join(str(f) for _, f in resumed)}")
+    else:
+        version, frames = resumed[0]
+        counters = f"policy version {version}, {frames} env frames" + (
+            f" per rank, {world.world_size} ranks" if world.distributed else "")
+    log.info("Done: nothing to train: the experiment reached --train_for_env_steps %d already (%s); raise "
+             "--train_for_env_steps to train on. Nothing was written. Checkpoints: %s", cfg.train_for_env_steps,
+             counters, exp_dir / ("checkpoint_p*" if cfg.num_policies > 1 else "checkpoint_p0"))
+    return 0
+
+
+
+def prepare_experiment_dir(cfg) -> Path:
+    """--restart_behavior: resume keeps the directory, restart moves it aside, overwrite deletes it. Restart and
+    overwrite act only on a real directory (not a link) inside the train dir that holds an experiment of ours (its
+    config.json): anything else is refused in one line, so that nothing outside the experiment is ever touched."""
+    exp_dir = experiment_dir(cfg)
+    try:
+        if cfg.restart_behavior in ("restart", "overwrite") and (exp_dir.exists() or exp_dir.is_symlink()):
+            if exp_dir.is_symlink() or not exp_dir.is_dir() or not (exp_dir / "config.json").is_file():
+                raise ConfigError(f"--restart_behavior {cfg.restart_behavior}: {exp_dir} is not an experiment directory "
+                                  "(no config.json in it); refusing to move or delete it")
+            if cfg.restart_behavior == "restart":
+                stamp, n = time.strftime("%Y%m%d_%H%M%S"), 0
+                aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}")
+                while aside.exists():  # two restarts within a second
+                    n += 1
+                    aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}_{n}")
+                exp_dir.rename(aside)
+                print(f"Moved the old experiment directory to {aside}")
+            else:
+                shutil.rmtree(exp_dir)
+        exp_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"cannot prepare the experiment directory {exp_dir}: {e.strerror or e}") from None
+    return exp_dir

@@ -1,0 +1,113 @@
+"""The stall watchdog: finds a process of the run that is alive but stuck in a call that never returns (an env engine
+that hangs, a deadlock, a stopped process), logs its Python stack, and has it killed.
+
+Every process beats (SharedState's heartbeats). One silent for half its stall limit is watched (supervision.Silence):
+from then on, its state tells stuck from busy (computing without a beat: given longer) or starved (waiting for a CPU
+other work holds: left alone, with a warning, since killing it would not give it one). Past its limit, a stuck process
+is killed and replaced (self-healing), or the run stops with exit code 1.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from sf.processes.control import kill_tree
+from sf.runner.healing import process_kind
+from sf.runner.supervision import Silence, read_stack
+
+log = logging.getLogger("sf")
+# A process still starting (making and resetting its envs: a VizDoom engine took > 5 s to start on a loaded 2-core VM)
+# is stuck only after this long, even with a shorter --stall_timeout_sec
+STARTUP_STALL_SEC = 60.0
+# A silent process found runnable in this share of the looks at it is not stuck (supervision.Silence): one that ran
+# (computing without a beat: a long step, or a loop that never ends) gets up to BUSY_GRACE x the timeout; one that
+# did not run (starved by other work) is left alone, with a warning: killing it would not give it a CPU
+BUSY_SHARE, BUSY_GRACE = 0.25, 6.0
+# A data-parallel learner blocked in a collective waits for a slow peer up to --distributed_timeout_sec (at start, in the
+# rendezvous, up to twice that: its store client retries once); then the collective raises and the learner stops the run
+# itself. It is stuck only this long after that
+PEER_WAIT_GRACE_SEC = 30.0
+
+
+class StallWatchdog:
+    def __init__(self, cfg, state, world, procs: dict, stack_files: dict[str, int], causes: dict[str, str],
+                 drain_reports: Callable[[], None]):
+        """The runner's: procs (name -> process), stack_files (name -> descriptor of its stack-dump file, filled by
+        drain_reports, which reads the report queue) and causes (name -> how it failed, for its restart line)."""
+        self.cfg, self.state, self.world = cfg, state, world
+        self.procs, self.stack_files, self.causes, self.drain_reports = procs, stack_files, causes, drain_reports
+        self.last_watch = time.monotonic()  # the last look
+        self.silence: dict[str, Silence] = {}  # processes silent for half their stall limit
+        self.starved_warned: set[str] = set()  # processes found waiting for a CPU past their limit (warned once)
+
+    def check(self, healing: bool) -> bool:
+        """A process that gave no sign of life for --stall_timeout_sec is alive but stuck in a call that never returns
+        (an env engine that hangs, say): its Python stack goes to the log, then it is killed (with its engines) and
+        replaced (healing: self-healing, once the learners are ready); without healing, False and a stop (the stop kills
+        it after the others have stopped and the learner saved a final checkpoint)."""
+        timeout = self.cfg.stall_timeout_sec
+        if timeout <= 0 or self.state.stopping():
+            return True
+        now = time.monotonic()
+        if now - self.last_watch > 5.0:  # the runner itself was stopped (Ctrl-Z, then fg) or starved: all silence so far
+            self.state.beat_all()         # is nobody's fault
+        self.last_watch = now
+        for name, p in self.procs.items():
+            idle = self.state.seconds_since_beat(name)
+            if idle < timeout / 2:
+                self.silence.pop(name, None)
+                continue
+            silence = self.silence.get(name)
+            if silence is None:  # half-way: from here on, its state tells stuck from busy or starved
+                self.silence[name] = Silence(p.pid, idle)
+                continue
+            silence.sample()
+            limit, allowed = self._limit(name, silence, timeout)
+            if idle > limit and p.is_alive():
+                runnable, ran = silence.shares(idle)
+                if runnable > BUSY_SHARE and ran < BUSY_SHARE and not silence.stopped:
+                    if name not in self.starved_warned:
+                        self.starved_warned.add(name)
+                        log.warning("%s gave no sign of life for %.0f s but is waiting for a CPU, not stuck: the machine "
+                                    "is oversubscribed (other runs or jobs?); not repeated for this process. %s", name,
+                                    idle, silence.describe(idle))
+                    continue
+                busy = (runnable > BUSY_SHARE or ran > BUSY_SHARE) and not silence.stopped
+                if busy and idle < BUSY_GRACE * limit:
+                    continue  # computing without a beat: a long step, maybe
+                if not self._stuck(name, p, idle, limit, allowed, busy, silence, healing):
+                    return False
+        return True
+
+    def _limit(self, name: str, silence: Silence, timeout: float) -> tuple[float, str]:
+        """(seconds of silence allowed to `name`, why more than --stall_timeout_sec where it is)."""
+        # a process still starting gets longer, unless it is stopped: no start-up is that slow
+        limit = timeout if self.state.has_started(name) or silence.stopped else max(timeout, STARTUP_STALL_SEC)
+        allowed = "starting"
+        if self.world.distributed and process_kind(name) == "learner" and not silence.stopped:
+            waits = 1 if self.state.has_started(name) else 2
+            peers = self.cfg.distributed_timeout_sec * waits + PEER_WAIT_GRACE_SEC
+            if peers > limit:
+                limit, allowed = peers, "a data-parallel learner waiting for the other ranks"
+        return limit, allowed
+
+    def _stuck(self, name: str, p, idle: float, limit: float, allowed: str, busy: bool, silence: Silence,
+               healing: bool) -> bool:
+        """`name` is stuck: its stack to the log, then killed (healing: its replacement follows) or the run stopped
+        (False)."""
+        timeout = self.cfg.stall_timeout_sec
+        self.drain_reports()  # the stack file of a process that only just started
+        why = f"--stall_timeout_sec {timeout:g}" if limit == timeout else f"{allowed}: {limit:g} s allowed"
+        if busy:
+            why += f", {BUSY_GRACE:g}x for a process that computes"
+        log.error("%s gave no sign of life for %.0f s (%s): it is stuck; %s. %s. Its stack:\n%s", name, idle,
+                  why, "killing and replacing it" if healing else "stopping the run", silence.describe(idle),
+                  read_stack(p.pid, self.stack_files.get(name)))
+        if healing:
+            self.causes[name] = f"gave no sign of life for {idle:.0f} s ({why})"
+            kill_tree(p)
+            p.join(timeout=5.0)
+            return True
+        self.state.request_stop()
+        return False

@@ -1,0 +1,79 @@
+"""Helpers for the tests that run the real multi-process system (train.py, torchrun) in subprocesses: the repository
+root, tiny-budget flags, starting a run and waiting on its log, its children's pids, leftover shared memory, a free
+TCP port for a process group's rendezvous, and a skip where an env cannot run here."""
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",
+         "--encoder_mlp_layers", "32", "--num_envs_per_worker", "4", "--report_interval_sec", "1",
+         "--experiment_summaries_interval", "1", "--device", "cpu"]
+
+
+def train_args(tmp_path, env="test_corridor", *extra):
+    return ["--env", env, "--experiment", "e2e", "--train_dir", str(tmp_path), *SMALL, *extra]
+
+
+def start_train(args, log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "w")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT / 'tests' / 'runner'}:{ROOT}")
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=ROOT, env=env)
+
+
+def wait_for(pred, timeout: float, what: str, log: Path | None = None):
+    """Polls `pred` until it holds; on timeout fails with the end of the run's `log`, if given (what it was doing)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    tail = "\n" + log.read_text()[-6000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}{tail}")
+
+
+def child_pids(log_path: Path) -> dict:
+    pids = {}
+    for line in log_path.read_text().splitlines():
+        if "Started " in line and "(pid " in line:
+            name = line.split("Started ")[1].split(" (pid")[0]
+            pids[name] = int(line.split("(pid ")[1].rstrip(")"))
+    return pids
+
+
+def shm_files(vizdoom: bool = False) -> set:
+    """/dev/shm's entries; VizDoom engines' ones only with `vizdoom` (a non-Doom run makes none, so those present are
+    other runs' on a shared machine: the Doom tests check their own engines' files by instance id)."""
+    return {n for n in os.listdir("/dev/shm") if vizdoom or not n.startswith("ViZDoom")}
+
+
+def engine_files(engines: list) -> set:
+    """The /dev/shm names of these VizDoom engine processes (psutil), from the instance ids on their command lines."""
+    from sf_envs.doom.engine_shm import engine_shm_files
+    names = set()
+    for e in engines:
+        names |= {f.name for f in engine_shm_files(e.cmdline())}
+    return names
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def skip_if_unavailable(env: str):
+    """Skips the test, with the reason, where `env` cannot run here (a package or its scenario data missing)."""
+    from sf.cfg import default_cfg
+    from sf_envs.registry import EnvUnavailableError, check_env_available
+    try:
+        check_env_available(default_cfg(env=env))
+    except EnvUnavailableError as e:
+        pytest.skip(str(e))
