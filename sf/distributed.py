@@ -248,14 +248,9 @@ def check_identical_weights(model: torch.nn.Module, group=None) -> bool:
     world_size = _group_size(group)
     if world_size == 1:
         return True
-    mine = torch.tensor(list(bytes.fromhex(weights_sha256(model))), dtype=torch.uint8,
-                        device=_group_device(group))  # [32]
-    gathered = [torch.empty_like(mine) for _ in range(world_size)]
-    try:
-        dist.all_gather(gathered, mine, group=group)
-    except Exception as e:
-        raise _failed("the weight digest comparison", e) from e
-    return all(torch.equal(g, gathered[0]) for g in gathered)
+    mine = torch.tensor(list(bytes.fromhex(weights_sha256(model))), dtype=torch.uint8)  # [32]
+    digests = gather_rows(mine, group, what="the weight digest comparison")  # [world, 32]
+    return bool((digests == digests[0]).all())
 
 
 def _int64(values: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -290,9 +285,9 @@ def agree_range(values: Sequence[int], group=None) -> tuple[list[int], list[int]
     return [-v for v in out[n:]], out[:n]
 
 
-def gather_rows(t: torch.Tensor, group=None) -> torch.Tensor:
+def gather_rows(t: torch.Tensor, group=None, what: str = "the normalizer statistics gather") -> torch.Tensor:
     """`[world, *t.shape]`: every rank's `t` (same shape and dtype on every rank), in rank order, on t's device. A
-    collective: every rank must call it. Without a process group: t[None]."""
+    collective: every rank must call it. Without a process group: t[None]. `what`: the collective, for its error."""
     if not (dist.is_available() and dist.is_initialized()):
         return t.detach().unsqueeze(0).clone()
     world_size = dist.get_world_size(group)
@@ -301,7 +296,7 @@ def gather_rows(t: torch.Tensor, group=None) -> torch.Tensor:
     try:
         dist.all_gather(parts, mine, group=group)
     except Exception as e:
-        raise _failed("the normalizer statistics gather", e) from e
+        raise _failed(what, e) from e
     return torch.stack(parts).to(t.device)
 
 

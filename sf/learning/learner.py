@@ -125,6 +125,7 @@ class Learner:
         self.pending: list[int] = []
         self.last_save = self.last_milestone = time.time()
         self.hyperparams = {k: float(getattr(cfg, k)) for k in HYPERPARAMS}
+        self.batches: queue.Queue | None = None  # process mode: the batch copied out and waiting (run)
         self.copy_pending: tuple[int, float] | None = None  # PBT: (request number, time.monotonic() of its first try)
         self.copy_scratch: torch.nn.Module | None = None  # PBT: a copy lands here first (whole, or not at all)
         self.slot_owner, self.held = shared_state.slot_owner_np, slot_held(policy_id)
@@ -272,7 +273,7 @@ class Learner:
         self.state.learner[self.policy_id, VERSION] = version
 
     def _on_sgd_step(self, version: int) -> None:
-        if PAUSE_AT and getattr(self, "batches", None) is not None and self.batches.full():  # (tests: run's batches)
+        if PAUSE_AT and self.batches is not None and self.batches.full():  # (tests: the batcher's batches)
             pause("learner_two_batches_out")
         # (data-parallel: nothing to copy; the gradients were averaged and the normalizers merged every rank's moments)
         if self.sync:  # the actors' weights change at batch boundaries only
@@ -421,7 +422,7 @@ class Learner:
         if self.sync:
             return self.run_sync()
         batches: queue.Queue = queue.Queue(maxsize=1)
-        self.batches = batches  # (read by a test's pause point only)
+        self.batches = batches
         stop = threading.Event()
 
         def batcher():
