@@ -135,16 +135,31 @@ class PerStepLearner:
         self.opt.step()
 
 
-def timeit(fn, warmup: int, iters: int) -> float:
-    """Median seconds per call (the median resists the noise of a shared machine)."""
+def timeit(fn, warmup: int, iters: int, device: str = "cpu") -> float:
+    """Median seconds per call (the median resists the noise of a shared machine); on CUDA each call is timed to the
+    end of its kernels (a synchronize after it: the learner itself never synchronizes the host within a step)."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(warmup):
         fn()
+    sync()
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def to_device(tree, device, non_blocking: bool = False):
+    """The batch's nested dict of tensors on `device` (non_blocking: from pinned host memory, asynchronously)."""
+    if isinstance(tree, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in tree.items()}
+    return tree.to(device, non_blocking=non_blocking)
+
+
+def pin(tree):
+    return {k: pin(v) for k, v in tree.items()} if isinstance(tree, dict) else tree.pin_memory()
 
 
 def main() -> None:
@@ -158,15 +173,20 @@ def main() -> None:
     p.add_argument("--no_channels_last", action="store_true", help="conv activations in NCHW instead of NHWC")
     p.add_argument("--cpu_block", type=int, default=None, help="frames per conv call on CPU (default: the model's)")
     p.add_argument("--per_step", action="store_true", help="also time the per-time-step reference learner")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: on CUDA, also timed with the batch's copy from "
+                   "pinned host memory in each step (what the learner does: trajectories live in host shared memory)")
     args = p.parse_args()
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: torch sees no CUDA device (use --device cpu)")
 
     cfg = make_cfg(rollout=args.rollout, recurrence=args.rollout, batch_size=args.batch_size, rnn_type=args.rnn_type)
     n, t = args.batch_size // args.rollout, args.rollout
     torch.manual_seed(0)
     try:
         from common import header  # benchmarks/common.py: machine, command, date
-        header("learner step (APPO.train) throughput on CPU")
-        print(f"torch {torch.__version__}")
+        header(f"learner step (APPO.train) throughput on {args.device}")
+        print(f"torch {torch.__version__}" + (f", {torch.cuda.get_device_name(args.device)}"
+                                              if args.device.startswith("cuda") else ""))
     except ImportError:
         print(f"machine: {os.cpu_count()} cores, {_cpu_name()}; torch {torch.__version__}; "
               f"python {platform.python_version()}")
@@ -178,15 +198,22 @@ def main() -> None:
         model = create_actor_critic(cfg, OBS_SPACE, ACTION_SPACE, channels_last=not args.no_channels_last)
         if args.cpu_block is not None:
             model.encoder.obs_encoder.cpu_block = args.cpu_block
-        appo = APPO(model, cfg, "cpu")
-        exp = make_batch(model, n, t)
+        model.to(args.device)
+        appo = APPO(model, cfg, args.device)
+        host = make_batch(model, n, t)
+        exp = to_device(host, args.device)
         version = [0]
 
         def step():
             appo.train(exp, version[0])
-        sec = timeit(step, args.warmup, args.iters)
+        sec = timeit(step, args.warmup, args.iters, args.device)
         line = (f"threads={threads}: APPO.train {sec * 1000:.0f} ms/batch (median), {args.batch_size / sec:.0f} samples/s "
                 f"(x{args.batch_size / sec / NAIVE_BASELINE:.1f} the naive baseline's {NAIVE_BASELINE:.0f})")
+        if torch.device(args.device).type == "cuda":
+            pinned = pin(host)
+            csec = timeit(lambda: appo.train(to_device(pinned, args.device, non_blocking=True), version[0]),
+                          args.warmup, args.iters, args.device)
+            line += f"; with the pinned host-to-device copy of the batch {args.batch_size / csec:.0f} samples/s"
         if args.per_step and args.rnn_type == "gru":
             ref = PerStepLearner(create_actor_critic(cfg, OBS_SPACE, ACTION_SPACE), cfg)
             nsec = timeit(lambda: ref.train(exp, 0), args.warmup, args.iters)

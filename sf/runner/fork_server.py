@@ -12,6 +12,11 @@ import signal
 os.setpgid(0, 0)
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # before the line above took effect; kept by the forked workers
 
+# Every worker is forked from this process, so it must never initialize CUDA: a child of a process that did cannot
+# use CUDA ("initialization error"). torch.cuda.is_available() calls cudaGetDeviceCount, which initializes the driver,
+# unless this variable makes it ask NVML (torch's documented fork-safe check); the workers inherit it, harmlessly.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
 import torch  # noqa: E402,F401
 
 import sf.learning.learner  # noqa: E402,F401
@@ -24,11 +29,21 @@ import sf.sampling.rollout_worker  # noqa: E402,F401
 def _warm_up() -> None:
     """One Adam step on a tiny model: torch imports much on first use (torch._dynamo, sympy: seconds of CPU), which
     the learner would otherwise do at each start, silent for the stall watchdog. One thread: no thread pool exists in
-    this process when it forks."""
+    this process when it forks.
+
+    Nothing here may initialize CUDA, or no worker forked from this process can use it (seen on an H100: "Cannot
+    re-initialize CUDA in forked subprocess", then "CUDA error: initialization error"). So no backward(): the autograd
+    engine's first backward starts a thread per device and asks CUDA for its device count, which initializes the
+    driver; the gradients are set by hand (the step imports the same modules). And Adam's step asks whether the current
+    CUDA stream is capturing a graph, which creates a CUDA context: that check is skipped for this optimizer alone
+    (under both of its names: torch renamed it)."""
     torch.set_num_threads(1)
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.Adam(model.parameters())
-    model(torch.zeros(1, 2)).sum().backward()
+    for check in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
+        setattr(optimizer, check, lambda: None)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
     optimizer.step()
 
 

@@ -61,7 +61,8 @@ def _nccl_one_rank(rank, port, out_dir):
 @pytest.mark.e2e
 def test_collectives_on_an_nccl_group_take_cuda_tensors(tmp_path):
     ctx = mp.get_context("spawn")
-    p = ctx.Process(target=dp._rank_main, args=(_nccl_one_rank, 0, dp.free_port(), str(tmp_path), ctx.Barrier(1)))
+    ready = ctx.Barrier(1)  # named: an unnamed Barrier in args is gone before the spawned child rebuilds it (ENOENT)
+    p = ctx.Process(target=dp._rank_main, args=(_nccl_one_rank, 0, dp.free_port(), str(tmp_path), ready))
     p.start()
     p.join(120)
     if p.is_alive():
@@ -186,6 +187,9 @@ def test_cuda_shared_weights_reach_another_process_whole(tmp_path):
                 for p in writer.parameters():
                     p.fill_(float(last))
             weights.publish(writer, last)
+            # a publish every ~1 ms, 25x the H100 learner's rate (a step of the paper's model takes 25 ms there): back
+            # to back, the sequence lock's reader retries nearly every copy and completed 4 reads in 2 s
+            time.sleep(0.001)
         done.set()
         have, reads, torn, device = results.get(timeout=60)
     finally:
