@@ -16,7 +16,13 @@ $(STAMP): setup.py pyproject.toml $(wildcard cpp/ipc/*.cpp cpp/ipc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[doom,atari,dev]"
+	$(PY) -m pip install -q -e ".[doom,atari,dev,export,mujoco,pettingzoo]"
+	@# MuJoCo videos (enjoy.py --save_video) render headless through EGL: Mesa's software renderer needs no GPU
+	@{ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -qE 'libEGL_(mesa|nvidia)|libOSMesa' || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libegl1 libegl-mesa0 \
+	    libgl1-mesa-dri >/dev/null; } || \
+	  echo "warning: no EGL or OSMesa library and none installed (as root: apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri); MuJoCo videos (enjoy.py --save_video) need one"
 	$(PY) setup.py -q build_ext --inplace
 	$(PY) -m sf_envs.doom.fetch_scenarios || echo "warning: Doom scenario data (battle, duel, deathmatch) not fetched; see README"
 	touch $(STAMP)

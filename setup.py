@@ -42,7 +42,12 @@ setup(
     extras_require={
         "doom": ["vizdoom>=1.2.3"],
         "atari": ["ale-py>=0.9"],
+        # gymnasium's MuJoCo envs (mujoco_*): its v5 envs need mujoco 2.3.3+; imageio is imported by their renderer
+        "mujoco": ["mujoco>=2.3.3,<4", "imageio>=2.14.1"],
         "wandb": ["wandb>=0.17"],  # --with_wandb
+        "export": ["onnx>=1.15", "onnxruntime>=1.17"],  # python -m sf.export, examples/onnx_play.py
+        # --env pettingzoo_<env>: PettingZoo (its registry: >= 1.27), mpe2 (the MPE envs), pymunk (butterfly)
+        "pettingzoo": ["pettingzoo>=1.27", "mpe2>=1.1", "pymunk>=6.2", "pygame-ce>=2.3"],
         "dev": ["pytest>=7", "pytest-timeout>=2.1", "faster-fifo>=1.4.5", "wandb>=0.17"],  # (wandb: its offline-run test)
     },
 )

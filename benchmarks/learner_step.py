@@ -1,11 +1,13 @@
-"""Learner throughput: samples/s of `APPO.train` for the paper's Doom model on CPU.
+"""Learner throughput: samples/s of `APPO.train` for the paper's Doom model on CPU, one row per image encoder.
 
-Model: simplified Doom architecture (convnet_simple on [3, 72, 128] uint8 frames, FC 512, GRU 512,
+Model: simplified Doom architecture (the encoder of --encoders, default each of convnet_simple (the paper's),
+convnet_impala, convnet_atari and resnet_impala, on [3, 72, 128] uint8 frames, FC 512, GRU 512,
 Discrete(7) actions), batch_size 2048 samples = 64 trajectories of T = 32 (+1 bootstrap step),
 recurrence 32, 1 epoch, 1 minibatch per training batch (the paper's Table A.5). Episode ends are
 sprinkled in (p = 0.02 per step) so the RNN takes the reset path as in real training.
 
-    python benchmarks/learner_step.py                      # 1 and 2 torch threads
+    python benchmarks/learner_step.py                      # 1 and 2 torch threads, every encoder
+    python benchmarks/learner_step.py --encoders convnet_simple resnet_impala --threads 2
     python benchmarks/learner_step.py --threads 2 --iters 5 --cpu_block 256 --no_channels_last
     python benchmarks/learner_step.py --per_step           # also time the per-time-step reference learner
 
@@ -19,7 +21,7 @@ Reference points:
   forward for the bootstrap value). Its 64-frame encoder calls happen to be cache-sized too, so on CPU it
   runs about as fast as APPO.train: the learner is compute-bound in the convolutions.
 
-Cost model (per batch of 2048 samples): encoder forward 2112 frames x 17.9 MFLOP = 38 GFLOP, its
+Cost model (convnet_simple, per batch of 2048 samples): encoder forward 2112 frames x 17.9 MFLOP = 38 GFLOP, its
 backward ~62 GFLOP (no input gradient for the first conv), GRU ~20 GFLOP: ~120 GFLOP. At ~1.9 s with
 1 thread that is ~65 GFLOP/s, ~80% of this machine's single-thread sgemm peak (80 GFLOP/s); with 2 threads
 ~1.1 s, ~60% of the 2-thread sgemm peak (176 GFLOP/s).
@@ -41,6 +43,7 @@ from gymnasium import spaces  # noqa: E402
 
 from sf.learning.appo import APPO  # noqa: E402
 from sf.model.actor_critic import create_actor_critic  # noqa: E402
+from sf.model.encoders import CONV_ARCHITECTURES, RESNET_ARCHITECTURES  # noqa: E402
 
 
 def make_cfg(**kw):
@@ -60,7 +63,8 @@ def make_cfg(**kw):
         return types.SimpleNamespace(**base)
 
 
-NAIVE_BASELINE = 500.0  # samples/s, naive single-threaded learner (the reference)
+NAIVE_BASELINE = 500.0  # samples/s, naive single-threaded learner (the reference, convnet_simple)
+ENCODERS = (*CONV_ARCHITECTURES, *RESNET_ARCHITECTURES)
 OBS_SPACE = spaces.Dict({"obs": spaces.Box(0, 255, (3, 72, 128), np.uint8)})
 ACTION_SPACE = spaces.Discrete(7)
 
@@ -98,11 +102,11 @@ class PerStepLearner:
     def _step(self, x, h):
         enc = self.model.encoder.obs_encoder
         x = x.float() / 255.0
-        for conv in enc.convs:
-            x = enc.act(conv(x))
-        x = enc.act(enc.fc(x.flatten(1)))
+        x = enc.features(enc.first_conv(x)).flatten(1)
+        for fc in enc.fc_layers:
+            x = enc.act(fc(x))
         h = self.cell(x, h)
-        logits, values = self.model._heads(h)
+        logits, values = self.model._heads(h, h)
         return logits, values, h
 
     def train(self, exp, version):
@@ -165,6 +169,8 @@ def pin(tree):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=ENCODERS,
+                   help="image encoders (--encoder_conv_architecture) to time, one row each (default: all)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--batch_size", type=int, default=2048)
@@ -179,7 +185,6 @@ def main() -> None:
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         sys.exit(f"--device {args.device}: torch sees no CUDA device (use --device cpu)")
 
-    cfg = make_cfg(rollout=args.rollout, recurrence=args.rollout, batch_size=args.batch_size, rnn_type=args.rnn_type)
     n, t = args.batch_size // args.rollout, args.rollout
     torch.manual_seed(0)
     try:
@@ -191,9 +196,11 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} cores, {_cpu_name()}; torch {torch.__version__}; "
               f"python {platform.python_version()}")
         print("command: python " + " ".join(sys.argv))
-    print(f"model: Doom simplified, convnet_simple [3,72,128] uint8, FC 512, {args.rnn_type.upper()} 512, "
+    print(f"model: Doom simplified, ENCODER on [3,72,128] uint8, FC 512, {args.rnn_type.upper()} 512, "
           f"batch {args.batch_size} = {n} x T {t} (+1 bootstrap step), channels_last={not args.no_channels_last}")
-    for threads in args.threads:
+    for arch, threads in [(a, th) for a in args.encoders for th in args.threads]:
+        cfg = make_cfg(rollout=args.rollout, recurrence=args.rollout, batch_size=args.batch_size,
+                       rnn_type=args.rnn_type, encoder_conv_architecture=arch)
         torch.set_num_threads(threads)
         model = create_actor_critic(cfg, OBS_SPACE, ACTION_SPACE, channels_last=not args.no_channels_last)
         if args.cpu_block is not None:
@@ -207,8 +214,10 @@ def main() -> None:
         def step():
             appo.train(exp, version[0])
         sec = timeit(step, args.warmup, args.iters, args.device)
-        line = (f"threads={threads}: APPO.train {sec * 1000:.0f} ms/batch (median), {args.batch_size / sec:.0f} samples/s "
-                f"(x{args.batch_size / sec / NAIVE_BASELINE:.1f} the naive baseline's {NAIVE_BASELINE:.0f})")
+        line = (f"{arch} threads={threads}: APPO.train {sec * 1000:.0f} ms/batch (median), "
+                f"{args.batch_size / sec:.0f} samples/s")
+        if arch == "convnet_simple":
+            line += f" (x{args.batch_size / sec / NAIVE_BASELINE:.1f} the naive baseline's {NAIVE_BASELINE:.0f})"
         if torch.device(args.device).type == "cuda":
             pinned = pin(host)
             csec = timeit(lambda: appo.train(to_device(pinned, args.device, non_blocking=True), version[0]),

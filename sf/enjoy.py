@@ -321,16 +321,21 @@ def check_policy_index(cfg) -> None:
                           f"(--num_policies {cfg.num_policies})")
 
 
+def open_env(cfg, render_mode: str | None = None):
+    """The experiment's env (env_index 0); a missing package or scenario file is a one-line ConfigError."""
+    from sf_envs.registry import make_env
+    try:
+        return make_env(cfg, env_index=0, render_mode=render_mode)
+    except (ImportError, FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+
+
 def _play(cfg, spec, device, video):
     """The episodes: (agent 0's episode rewards, their lengths, env frames). Ctrl-C stops early and keeps what was
     played. Every agent of a multi-agent env is played by its policy of --policy_index (see the module docstring)."""
     import torch
-    from sf_envs.registry import make_env
     check_policy_index(cfg)
-    try:
-        env = make_env(cfg, env_index=0, render_mode=_render_mode(cfg))
-    except (ImportError, FileNotFoundError, ValueError) as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
+    env = open_env(cfg, render_mode=_render_mode(cfg))
     multi = bool(getattr(env, "is_multiagent", False))
     num_agents = env.num_agents if multi else 1
     players = [cfg.policy_index[a % len(cfg.policy_index)] for a in range(num_agents)]  # agent -> policy

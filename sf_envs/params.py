@@ -25,6 +25,16 @@ def _p(name, type, default, help, choices=None, **extra) -> dict:
 REWARD_COEFF_MAX = 1000.0
 
 
+def _json_object_problem(v: str):
+    """What is wrong with a JSON-object parameter (a phrase that follows the flag), or None."""
+    import json
+    try:
+        value = json.loads(v)
+    except ValueError as e:
+        return f"must be a JSON object such as '{{\"max_cycles\": 50}}' ({e}; got {v[:60]!r})"
+    return None if isinstance(value, dict) else f"must be a JSON object, got {type(value).__name__} ({v[:60]!r})"
+
+
 def _rew(name, default, help) -> dict:
     """A reward-shaping coefficient: any value in [-REWARD_COEFF_MAX, REWARD_COEFF_MAX] (negative flips its sign)."""
     return _p(name, float, default, help, min_value=-REWARD_COEFF_MAX, max_value=REWARD_COEFF_MAX)
@@ -101,6 +111,9 @@ ENV_PARAMS: list[dict] = [
        "False: IMPALA's 9 actions"),
     _p("dmlab_reward_clipping", bool, True, "IMPALA's optimistic asymmetric reward clipping for training "
        "(reported scores are raw)"),
+    # --- PettingZoo ---
+    _p("pettingzoo_kwargs", str, None, "Keyword arguments of the PettingZoo env's constructor (pettingzoo_* envs), a "
+       "JSON object, e.g. '{\"N\": 2, \"max_cycles\": 50}'; None: its defaults", check=_json_object_problem),
 ]
 
 _DEFAULTS = {p["name"]: p["default"] for p in ENV_PARAMS}

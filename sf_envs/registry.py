@@ -4,9 +4,10 @@
     spec = env_spec("doom_basic")      # EnvSpec(name, family, frameskip, gamma, ...)
     env = make_env(cfg, env_index=0)   # uses cfg.env, cfg.seed and the env parameters of sf_envs/params.py
 
-Families: doom_* (VizDoom), atari_<game> (ale-py), dmlab_<level> (DeepMind Lab), test_* (built-in, no
-package), gym:<id> or gym:<module>:<id> (any gymnasium env, adapted to the contract), and whatever users add
-with register_env(). Specs are built lazily per family: listing Doom envs imports nothing.
+Families: doom_* (VizDoom), atari_<game> (ale-py), dmlab_<level> (DeepMind Lab), mujoco_* (gymnasium's MuJoCo
+envs), test_* (built-in, no package), gym:<id> or gym:<module>:<id> (any gymnasium env, adapted to the contract),
+pettingzoo_<env> (PettingZoo's multi-agent envs, sf_envs/pettingzoo) and whatever users add with register_env().
+Specs are built lazily per family: listing Doom envs imports nothing.
 """
 from __future__ import annotations
 
@@ -117,7 +118,27 @@ def _test_specs() -> dict[str, EnvSpec]:
             for name, cls in TEST_ENVS.items()}
 
 
-_FAMILIES = {"doom_": _doom_specs, "atari_": _atari_specs, "dmlab_": _dmlab_specs, "test_": _test_specs}
+def _mujoco_specs() -> dict[str, EnvSpec]:
+    from sf_envs.mujoco.envs import MUJOCO_ENVS  # (no mujoco import)
+
+    def factory_for(name):
+        def factory(cfg, env_index=0, render_mode=None):
+            from sf_envs.mujoco.mujoco_env import make_mujoco_env
+            return make_mujoco_env(name, cfg, env_index, render_mode)
+        return factory
+
+    def check_for(name):
+        def check(cfg):
+            from sf_envs.mujoco.mujoco_env import check_mujoco
+            check_mujoco(name)
+        return check
+
+    return {name: EnvSpec(name, "mujoco", 1, None, f"MuJoCo {env_id} (gymnasium)", factory=factory_for(name),
+                          check=check_for(name)) for name, env_id in MUJOCO_ENVS.items()}
+
+
+_FAMILIES = {"doom_": _doom_specs, "atari_": _atari_specs, "dmlab_": _dmlab_specs, "test_": _test_specs,
+             "mujoco_": _mujoco_specs}
 
 
 def _family(prefix: str) -> dict[str, EnvSpec]:
@@ -189,10 +210,15 @@ def env_spec(name: str, cfg=None) -> EnvSpec:
     """
     if not isinstance(name, str) or not name:
         raise UnknownEnvError(f"env name must be a non-empty string (got {name!r})")
+    if name.startswith("pettingzoo_") and name not in _USER:  # open-ended; its agents depend on --pettingzoo_kwargs
+        from sf_envs.pettingzoo import pettingzoo_spec
+        return pettingzoo_spec(name, cfg)
     spec = _lookup(name)
     if spec is None:
         close = difflib.get_close_matches(name, env_names(), n=4, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
+        if name.startswith("mujoco_"):  # a small fixed family: every valid name
+            hint = f"; valid MuJoCo envs: {', '.join(_family('mujoco_'))}"
         raise UnknownEnvError(f"unknown env {name!r}{hint} (see sf_envs.registry.env_names(); gym:<id> wraps any "
                               f"gymnasium env)")
     fs = get_param(cfg, "env_frameskip") if cfg is not None else None

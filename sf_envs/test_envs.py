@@ -7,6 +7,10 @@
 | test_box      | float32 [2]           | Box(-1, 1, (1,))      | 16 steps        | 16.0           | 5.33          |
 | test_memory   | float32 [4]           | Discrete(2)           | 6 steps         | 1.0            | 0.5 (also any memoryless policy) |
 | test_race     | float32 [20], 2 agents| Discrete(3) each      | <= 50 steps     | 0.92 each      | about -0.26 each |
+| test_masked   | float32 [4], mask [4] | Discrete(4), masked   | 16 steps        | 16.0           | 9.78 (among valid) |
+
+test_masked has an "action_mask" observation key (int8 MultiBinary(4), 1 = valid) and raises on a masked action, so a
+run that trains on it without an env failure proves masks are honoured.
 
 test_race is the multi-agent env of the contract (docs/architecture.md): lists in and out, per-agent dones, each
 agent's episode its own (an agent that reaches the goal starts its next episode while the other plays on), auto-reset,
@@ -208,6 +212,51 @@ class TestMemory(_TestEnv):
         return img
 
 
+class TestMasked(_TestEnv):
+    """Action masks: pick the cued action among the valid ones; a masked action raises. Optimal 16.0.
+
+    Each step 1 to 3 of the 4 actions are valid (observation key "action_mask", int8 0/1) and one of them is cued
+    (one-hot "obs"); reward 1.0 for the cued action, 0.0 for another valid one. 16 steps per episode. A uniform choice
+    among the valid actions earns (1 + 1/2 + 1/3) / 3 per step: 9.78 per episode.
+    """
+
+    N, STEPS = 4, 16
+    OPTIMAL_RETURN = float(STEPS)
+
+    def __init__(self, cfg=None, env_index: int = 0, render_mode: Optional[str] = None):
+        super().__init__(cfg, env_index, render_mode)
+        self.observation_space = gym.spaces.Dict(obs=gym.spaces.Box(0.0, 1.0, (self.N,), np.float32),
+                                                 action_mask=gym.spaces.MultiBinary(self.N))
+        self.action_space = gym.spaces.Discrete(self.N)
+        self.mask = np.ones(self.N, np.int8)
+        self.cue = 0
+
+    def _new_step(self):
+        valid = self.np_random.permutation(self.N)[:int(self.np_random.integers(1, self.N))]
+        self.mask = np.zeros(self.N, np.int8)
+        self.mask[valid] = 1
+        self.cue = int(valid[0])
+        obs = np.zeros(self.N, np.float32)
+        obs[self.cue] = 1.0
+        return {"obs": obs, "action_mask": self.mask.copy()}
+
+    def _reset(self):
+        return self._new_step()
+
+    def step(self, action):
+        a = int(np.asarray(action).reshape(-1)[0])
+        if not self.mask[a]:
+            raise RuntimeError(f"test_masked: action {a} is masked (action_mask {self.mask.tolist()})")
+        reward = 1.0 if a == self.cue else 0.0
+        return self._finish(self._new_step(), reward, self._steps + 1 >= self.STEPS, False)
+
+    def render(self):
+        img = np.zeros((8, 8 * self.N, 3), np.uint8)
+        for a in range(self.N):
+            img[:, 8 * a:8 * a + 8] = (0, 160, 0) if a == self.cue else (80, 80, 80) if self.mask[a] else (0, 0, 0)
+        return img
+
+
 class TestRace(gym.Env):
     """Two agents race down corridors side by side (multi-agent); each episode ends at its agent's own goal.
 
@@ -274,4 +323,4 @@ class TestRace(gym.Env):
 
 
 TEST_ENVS = {"test_corridor": TestCorridor, "test_image": TestImage, "test_box": TestBox, "test_memory": TestMemory,
-             "test_race": TestRace}
+             "test_race": TestRace, "test_masked": TestMasked}

@@ -45,17 +45,20 @@ def make_obs(obs_space, lead_shape, generator=None) -> dict:
         shape = (*lead_shape, *s.shape)
         if s.dtype == np.uint8:
             out[k] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+        elif isinstance(s, spaces.MultiBinary):  # action masks
+            out[k] = torch.randint(0, 2, shape, dtype=torch.int8, generator=generator)
         else:
             out[k] = torch.randn(shape, generator=generator) * 3.0 + 1.0
     return out
 
 
 def random_experience(model, obs_space, action_space, n: int, t: int, done_prob: float = 0.05,
-                      policy_version: int = 0, seed: int = 0) -> dict:
+                      policy_version: int = 0, seed: int = 0, obs: dict | None = None) -> dict:
     """A training batch in the storage layout, acted by `model` itself (behaviour = current policy),
-    with episode ends inside the rollouts and stored RNN states consistent with the resets."""
+    with episode ends inside the rollouts and stored RNN states consistent with the resets. obs: the observations
+    [n, t+1, ...] to act on (random ones by default)."""
     g = torch.Generator().manual_seed(seed)
-    obs = make_obs(obs_space, (n, t + 1), g)
+    obs = make_obs(obs_space, (n, t + 1), g) if obs is None else obs
     h = model.rnn_state_size
     rnn_states = torch.zeros((n, t + 1, h))
     actions, logits_all, log_probs, values = [], [], [], []

@@ -394,7 +394,7 @@ VALUE_CASES = [
     ("rollout-abc", ["--rollout", "abc"], ["--rollout: expected an integer, got 'abc'"]),
     ("train_for_env_steps-0", ["--train_for_env_steps", "0"], ["--train_for_env_steps must be in [1, 1000000000000000]"]),
     ("mlp-layer-0", ["--encoder_mlp_layers", "0"], ["--encoder_mlp_layers entries must be in [1, 65536] (got [0])"]),
-    ("mlp-65-layers", ["--encoder_mlp_layers", *["8"] * 65], ["--encoder_mlp_layers must have 1 to 64 entries (got 65)"]),
+    ("mlp-65-layers", ["--encoder_mlp_layers", *["8"] * 65], ["--encoder_mlp_layers must have 0 to 64 entries (got 65)"]),
     ("use_rnn-maybe", ["--use_rnn", "maybe"], ["--use_rnn: expected True or False, got 'maybe'"]),
     ("restart_behavior-bogus", ["--restart_behavior", "bogus"],
      ["--restart_behavior must be one of resume, restart, overwrite (got 'bogus')"]),

@@ -19,7 +19,7 @@ LIST_MAX_LEN = 64  # entries of a list parameter (nargs="+")
 @dataclass(frozen=True)
 class Param:
     name: str
-    type: Callable  # int, float, str2bool, str, optional_int, optional_str (None allowed), or a custom converter
+    type: Callable  # int, float, str2bool, str, optional_int/float/str (None allowed), or a custom converter
     default: Any
     help: str
     choices: Optional[Sequence] = None
@@ -67,6 +67,10 @@ def optional_int(v: Any) -> Optional[int]:
 
 def optional_str(v: Any) -> Optional[str]:
     return None if v is None or str(v).lower() == "none" else str(v)
+
+
+def optional_float(v: Any) -> Optional[float]:
+    return None if v is None or str(v).lower() == "none" else float(v)
 
 
 # The run: what it trains, where it writes, how it is seeded, its mode and device.
@@ -192,14 +196,34 @@ LEARNING_PARAMS: list[Param] = [
           min_value=1, max_value=2**24),
     Param("num_batches_per_epoch", int, 1, "Minibatches per training batch", scope="train", min_value=1,
           max_value=65536),
+    Param("shuffle_minibatches", str2bool, True, "With several minibatches per batch, each epoch draws them from the "
+          "batch's trajectories in a random order (seeded by --seed); False: in storage order, as Sample Factory's "
+          "default does", scope="train"),
     Param("num_epochs", int, 1, "Passes over each training batch", scope="train", min_value=1, max_value=1024),
-    Param("learning_rate", float, 1e-4, "Adam learning rate", scope="train", min_value=0.0, min_exclusive=True,
-          max_value=1.0),
+    Param("learning_rate", float, 1e-4, "Learning rate: the base rate that --lr_schedule scales (and PBT mutates)",
+          scope="train", min_value=0.0, min_exclusive=True, max_value=1.0),
+    Param("lr_schedule", str, "constant", "constant: --learning_rate throughout; linear_decay: from --learning_rate "
+          "down to 0 at --train_for_env_steps, after every SGD step; kl_adaptive_minibatch / kl_adaptive_epoch: "
+          "divided by 1.5 when the KL divergence of the policy from the behaviour policy (the last minibatch's / the "
+          "mean of the last epoch's) exceeds 2x --lr_schedule_kl_threshold, multiplied by 1.5 when it is below half "
+          "of it, kept in [--lr_adaptive_min, --lr_adaptive_max]",
+          choices=("constant", "linear_decay", "kl_adaptive_minibatch", "kl_adaptive_epoch"), scope="train"),
+    Param("lr_schedule_kl_threshold", float, 0.008, "KL divergence the kl_adaptive_* schedules aim at", scope="train",
+          min_value=0.0, min_exclusive=True, max_value=1e6),
+    Param("lr_adaptive_min", float, 1e-6, "Least learning rate of the kl_adaptive_* schedules", scope="train",
+          min_value=0.0, min_exclusive=True, max_value=1.0),
+    Param("lr_adaptive_max", float, 1e-2, "Greatest learning rate of the kl_adaptive_* schedules", scope="train",
+          min_value=0.0, min_exclusive=True, max_value=1.0),
+    Param("optimizer", str, "adam", "adam, or lamb (Adam's step scaled per parameter tensor by a trust ratio, "
+          "weight decay 1e-4: Sample Factory's LAMB); both take --adam_beta1/2 and --adam_eps",
+          choices=("adam", "lamb"), scope="train"),
     Param("adam_eps", float, 1e-6, "Adam epsilon", scope="train", min_value=0.0, min_exclusive=True, max_value=1.0),
     Param("adam_beta1", float, 0.9, "Adam beta1", scope="train", min_value=0.0, max_value=1.0, max_exclusive=True),
     Param("adam_beta2", float, 0.999, "Adam beta2", scope="train", min_value=0.0, max_value=1.0, max_exclusive=True),
     Param("gamma", float, 0.99, "Discount factor", scope="train", min_value=0.0, max_value=1.0),
     Param("with_vtrace", str2bool, True, "V-trace targets (False: GAE)", scope="train"),
+    Param("value_bootstrap", str2bool, True, "An episode cut by a time limit (truncated) is bootstrapped from the "
+          "value of its final observation (False: treated as a termination, nothing after it)", scope="train"),
     Param("vtrace_rho", float, 1.0, "V-trace rho-bar (importance weight clip)", scope="train", min_value=0.0,
           min_exclusive=True, max_value=1e6),
     Param("vtrace_c", float, 1.0, "V-trace c-bar (trace cutting)", scope="train", min_value=0.0, min_exclusive=True,
@@ -210,8 +234,14 @@ LEARNING_PARAMS: list[Param] = [
           min_exclusive=True, max_value=10.0),
     Param("ppo_clip_value", float, 1.0, "Value clipping around the behaviour value", scope="train", min_value=0.0,
           max_value=1e6),
-    Param("exploration_loss_coeff", float, 0.003, "Entropy bonus coefficient", scope="train", min_value=0.0,
-          max_value=100.0),
+    Param("exploration_loss_coeff", float, 0.003, "Coefficient of the exploration loss (--exploration_loss)",
+          scope="train", min_value=0.0, max_value=100.0),
+    Param("exploration_loss", str, "entropy", "entropy: an entropy bonus; symmetric_kl: a penalty on the symmetric KL "
+          "divergence of each categorical head from the uniform distribution (grows without bound as a head becomes "
+          "deterministic; discrete actions only)", choices=("entropy", "symmetric_kl"), scope="train"),
+    Param("kl_loss_coeff", float, 0.0, "Coefficient of a penalty on the KL divergence of the policy from the behaviour "
+          "policy (PPO paper's fixed KL penalty; Sample Factory recommends 0.1 for continuous actions)", scope="train",
+          min_value=0.0, max_value=100.0),
     Param("value_loss_coeff", float, 0.5, "Critic loss coefficient", scope="train", min_value=0.0, max_value=100.0),
     Param("max_grad_norm", float, 4.0, "Gradient norm clip (0: off)", scope="train", min_value=0.0, max_value=1e6),
     Param("normalize_advantage", str2bool, True, "Normalize advantages per minibatch", scope="train"),
@@ -229,14 +259,51 @@ MODEL_PARAMS: list[Param] = [
     Param("use_rnn", str2bool, True, "Recurrent core (False: feed-forward)",),
     Param("rnn_type", str, "gru", "Recurrent core type", choices=("gru", "lstm")),
     Param("rnn_size", int, 512, "Recurrent core size", min_value=1, max_value=65536),
-    Param("hidden_size", int, 512, "Size of the fully connected layer after the encoder", min_value=1, max_value=65536),
-    Param("encoder_conv_architecture", str, "auto", "Conv encoder for image observations",
-          choices=("auto", "convnet_simple", "convnet_atari")),
+    Param("rnn_num_layers", int, 1, "Layers of the recurrent core (a stacked GRU/LSTM; the RNN state holds every "
+          "layer's)", min_value=1, max_value=64),
+    Param("hidden_size", int, 512, "Size of the fully connected layer after the conv layers of image encoders (when "
+          "--encoder_conv_mlp_layers is None)", min_value=1, max_value=65536),
+    Param("encoder_conv_architecture", str, "auto", "Conv encoder for image observations (Sample Factory's): "
+          "convnet_simple (Doom), convnet_impala, convnet_atari (Nature DQN), resnet_impala (IMPALA's residual "
+          "network); auto: convnet_atari for 84x84 frames, else convnet_simple",
+          choices=("auto", "convnet_simple", "convnet_impala", "convnet_atari", "resnet_impala")),
+    Param("encoder_conv_mlp_layers", optional_int, None, "Sizes of the fully connected layers after the conv layers "
+          f"of image encoders, each followed by the nonlinearity (0-{LIST_MAX_LEN} layers; the flag alone: none, the "
+          "flattened conv output). None: one layer of --hidden_size (Sample Factory's default is [512])", nargs="*",
+          min_value=1, max_value=65536),
     Param("encoder_mlp_layers", int, [512, 512], "MLP encoder layer sizes for vector observations "
-          f"(1-{LIST_MAX_LEN} layers)", nargs="+", min_value=1, max_value=65536),
+          f"(0-{LIST_MAX_LEN} layers; the flag alone: none, the vector itself)", nargs="*", min_value=1,
+          max_value=65536),
     Param("nonlinearity", str, "elu", "Activation", choices=("elu", "relu", "tanh")),
-    Param("normalize_input", str2bool, True, "Running mean/std normalization of vector observations",),
+    Param("normalize_input", str2bool, True, "Running mean/std normalization of the observation keys of "
+          "--normalize_input_keys",),
+    Param("normalize_input_keys", optional_str, None, "Observation keys that --normalize_input normalizes, each a key "
+          "of the env's observations (the flag alone: none). None: every vector key (Sample Factory's None also "
+          "normalizes images, per pixel: list their keys for that)", nargs="*",
+          check=lambda keys: next((f"entries {p}" for p in map(label_problem, keys) if p), None)),
+    Param("obs_subtract_mean", float, 0.0, "Image observations: subtracted before the division by --obs_scale",
+          min_value=-1e9, max_value=1e9),
+    Param("obs_scale", float, 255.0, "Image observations are divided by this after --obs_subtract_mean (255: uint8 "
+          "frames to [0, 1]). Vector observations are not scaled (see --normalize_input)", min_value=0.0,
+          min_exclusive=True, max_value=1e9),
     Param("normalize_returns", str2bool, False, "Train the critic on normalized returns",),
+    Param("actor_critic_share_weights", str2bool, True, "The actor and the critic share the encoder and the core "
+          "(False: the critic has its own encoder and core, Sample Factory's separate weights: twice the encoder work, "
+          "the RNN state holds both cores')"),
+    Param("adaptive_stddev", str2bool, True, "Continuous (Box) actions: the Gaussian's log-std is an output of the "
+          "network (False: one learned parameter per action dimension, independent of the observation, starting at "
+          "log(--initial_stddev)). Other action spaces ignore it"),
+    Param("initial_stddev", float, 1.0, "Box actions with --adaptive_stddev False: the initial standard deviation "
+          "(log-stds are clamped to [-20, 2])", min_value=0.0, min_exclusive=True, max_value=7.389),
+    Param("continuous_tanh_scale", float, 0.0, "Box actions with --adaptive_stddev False: s > 0 squashes the means to "
+          "tanh(mean / s) * s (0: not squashed)", min_value=0.0, max_value=1e6),
+    Param("policy_initialization", str, "orthogonal", "Initial weights of every linear and conv layer: orthogonal, "
+          "xavier_uniform, or torch_default (torch's own); biases start at 0 in every case",
+          choices=("orthogonal", "xavier_uniform", "torch_default")),
+    Param("policy_init_gain", optional_float, None, "Gain of --policy_initialization for every layer, the RNN left "
+          "at torch's default (Sample Factory; its default is 1.0). None: per-layer gains, sqrt(2) for the encoder, "
+          "0.01 for the action heads, 1 for the critic, and with orthogonal the RNN orthogonal per gate too",
+          min_value=0.0, min_exclusive=True, max_value=1000.0),
 ]
 
 # Budget, checkpoints, statistics and summaries.

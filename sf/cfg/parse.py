@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent  # sf/cfg/parse.py -> 
 # beside `sf` (setup.py maps the clone's configs/ to it); in a clone, also under `pip install -e .`, configs/ itself.
 CONFIGS_DIR = next((d for d in (REPO_ROOT / "sf_configs", REPO_ROOT / "configs") if d.is_dir()), REPO_ROOT / "configs")
 # Env families that ship a preset (sf_envs/registry.py's built-in families): a missing file is a broken install.
-FAMILIES_WITH_PRESETS = ("doom", "atari", "dmlab", "gym", "test")
+FAMILIES_WITH_PRESETS = ("doom", "atari", "dmlab", "gym", "test", "mujoco", "pettingzoo")
 
 
 # --- the command line -----------------------------------------------------------------------------------------------

@@ -38,16 +38,21 @@ class SFFlag:
     note: str = ""
     nargs: Optional[str] = None  # "?" for booleans (a bare flag means True, as SF's store_true flags), "*" for lists
     scope: str = "all"  # "all", "train", "enjoy" (an alias takes its target's)
+    category: str = ""  # "ignored" flags: why ignoring them changes nothing that is trained (a key of COSMETIC)
 
+
+# Why an ignored flag changes nothing that is trained: the only reasons a Sample Factory flag may be accepted and
+# ignored (tests/cfg/test_sf_flag_walk.py). A flag that would change what is trained is implemented or refused.
+COSMETIC = {
+    "logging": "what is logged, counted or reported, and how often",
+    "checkpoints": "when checkpoints are written",
+    "internals": "how Sample Factory's own processes are run (threads, GPUs for envs, buffers, start-up delays, "
+                 "timeouts); the samples and the updates are those of this implementation's processes",
+    "refused": "an option of a feature that is refused here (CPC|A, instruction encoders, the dummy sampler)",
+    "hub": "uploading to the Hugging Face Hub",
+}
 
 _NOT_GIVEN = object()  # an alias's value meaning "not given" (Sample Factory's "None / -1: the default")
-
-
-def _one_layer(layers: list) -> int:
-    if len(layers) != 1:
-        raise ValueProblem(f"must be one layer here (the fully connected layer after the conv layers, --hidden_size), "
-                   f"got {len(layers)}")
-    return layers[0]
 
 
 def _alias(name, target, why="", **kw) -> SFFlag:
@@ -58,8 +63,10 @@ def _only(name, type, ok, why, nargs=None, **kw) -> SFFlag:
     return SFFlag(name, "only", why, type=type, ok=ok, nargs="?" if type is str2bool else nargs, **kw)
 
 
-def _ignored(name, type, why, scope="train", nargs=None) -> SFFlag:
-    return SFFlag(name, "ignored", why, type=type, nargs="?" if type is str2bool else nargs, scope=scope)
+def _ignored(name, category, type, why, scope="train", nargs=None) -> SFFlag:
+    assert category in COSMETIC, category
+    return SFFlag(name, "ignored", why, type=type, nargs="?" if type is str2bool else nargs, scope=scope,
+                  category=category)
 
 
 _BUFFERS = "trajectory buffer slots are sized by --num_traj_buffers here"
@@ -77,8 +84,6 @@ SF_FLAGS: list[SFFlag] = [
     _alias("res_h", "doom_res_h", "Doom observation height"),
     _alias("env_framestack", "atari_framestack", "frames are stacked for Atari only"),
     _alias("encoder_subtype", "encoder_conv_architecture", "Sample Factory 1.x"),
-    _alias("encoder_conv_mlp_layers", "hidden_size", "exactly one layer, of --hidden_size", type=int, nargs="*",
-           value=_one_layer),
     _alias("num_bots", "doom_num_bots", "-1: the scenario's default", type=int,
            value=lambda n: None if n == -1 else n),
     _alias("timelimit", "doom_bots_timelimit", "minutes; None: the default", type=optional_str,
@@ -99,82 +104,62 @@ SF_FLAGS: list[SFFlag] = [
     _only("wide_aspect_ratio", str2bool, (False,), "the game renders 4:3 (160x120) here; a wide aspect ratio is "
           "not implemented", note="what this implementation does (the game renders 4:3 at 160x120, downsampled "
           "to --doom_res_w x --doom_res_h)"),
-    _only("kl_loss_coeff", float, (0.0,), "a KL penalty is not implemented (PPO clipping only): 0"),
     _only("aux_loss_coeff", float, (0.0,), "auxiliary losses are not implemented: 0"),
-    _only("exploration_loss", str, ("entropy",), "only the entropy bonus is implemented (--exploration_loss_coeff)"),
-    _only("optimizer", str, ("adam",), "only Adam is implemented"),
-    _only("lr_schedule", str, ("constant",), "only a constant --learning_rate is implemented"),
-    _only("rnn_num_layers", int, (1,), "the recurrent core has one layer here"),
     _only("decoder_mlp_layers", int, ([],), "no layers between the core and the heads here", nargs="*"),
-    _only("encoder_type", str, ("conv", "mlp"), "resnet encoders are not implemented; conv or mlp is chosen from "
-          "the observation space (--encoder_conv_architecture, --encoder_mlp_layers)",
-          note="chosen from the observation space here (conv for images, MLP for vectors)"),
+    _only("encoder_type", str, ("conv", "mlp", "resnet"), "conv, mlp or resnet: the encoder is chosen from the "
+          "observation space (--encoder_conv_architecture for images, --encoder_mlp_layers for vectors)",
+          note="chosen from the observation space here (--encoder_conv_architecture for images, e.g. resnet_impala "
+          "(--encoder_subtype); MLP for vectors)"),
     _only("encoder_custom", optional_str, (None,), "custom encoders are not implemented"),
-    _only("encoder_extra_fc_layers", int, (1,), "one fully connected layer (--hidden_size) after the conv layers"),
+    _only("encoder_extra_fc_layers", int, (1,), "one fully connected layer (--hidden_size) after the conv layers; "
+          "for other layers give --encoder_conv_mlp_layers"),
     _only("use_cpc", str2bool, (False,), "CPC|A is not implemented"),
     _only("use_spectral_norm", str2bool, (False,), "spectral normalization is not implemented"),
     _only("experiments_root", optional_str, (None,), "experiments are train_dir/experiment here: give the subdirectory "
           "in --train_dir"),
     _only("record_to", optional_str, (None,), "recording ViZDoom demos is not implemented; --save_video writes an .mp4",
           scope="enjoy"),
-    _only("policy_initialization", str, ("orthogonal",), "only orthogonal initialization is implemented"),
-    _only("actor_critic_share_weights", str2bool, (True,), "the actor and the critic share the encoder and core here"),
-    _only("adaptive_stddev", str2bool, (True,), "the Gaussian's log-std is an output of the network here"),
     _only("eval_env_frameskip", optional_int, (None,), "enjoy steps the env with the training --env_frameskip",
           scope="enjoy"),
     _only("push_to_hub", str2bool, (False,), _HUB, scope="enjoy"),
     # --- no meaning here: accepted, a line in the log ---
-    _ignored("benchmark", str2bool, "Sample Factory's benchmark mode; see --sampler_only, --random_policy"),
-    _ignored("summaries_use_frameskip", str2bool, "summaries count env frames, frameskip included (Sample "
+    _ignored("benchmark", 'internals', str2bool, "Sample Factory's benchmark mode; see --sampler_only, --random_policy"),
+    _ignored("summaries_use_frameskip", 'logging', str2bool, "summaries count env frames, frameskip included (Sample "
              "Factory's default True)"),
-    _ignored("decorrelate_experience_max_seconds", int, _DECORRELATE),
-    _ignored("decorrelate_envs_on_one_worker", str2bool, _DECORRELATE),
-    _ignored("num_batches_to_accumulate", int, _BUFFERS),
-    _ignored("num_minibatches_to_accumulate", int, _BUFFERS),
-    _ignored("traj_buffers_excess_ratio", float, _BUFFERS),
-    _ignored("batched_sampling", str2bool, "a rollout worker steps its envs one by one; the policy workers batch "
+    _ignored("decorrelate_experience_max_seconds", 'internals', int, _DECORRELATE),
+    _ignored("decorrelate_envs_on_one_worker", 'internals', str2bool, _DECORRELATE),
+    _ignored("num_batches_to_accumulate", 'internals', int, _BUFFERS),
+    _ignored("num_minibatches_to_accumulate", 'internals', int, _BUFFERS),
+    _ignored("traj_buffers_excess_ratio", 'internals', float, _BUFFERS),
+    _ignored("batched_sampling", 'internals', str2bool, "a rollout worker steps its envs one by one; the policy workers batch "
              "inference"),
-    _ignored("shuffle_minibatches", str2bool, "trajectories are always shuffled into minibatches (seeded by --seed)"),
-    _ignored("value_bootstrap", str2bool, "an episode cut by a time limit is always bootstrapped from the value of "
-             "its final observation"),
-    _ignored("lr_schedule_kl_threshold", float, "only for a KL-adaptive --lr_schedule"),
-    _ignored("lr_adaptive_min", float, "only for a KL-adaptive --lr_schedule"),
-    _ignored("lr_adaptive_max", float, "only for a KL-adaptive --lr_schedule"),
-    _ignored("obs_subtract_mean", float, "image observations are scaled to [0, 1] in the encoder; vector "
-             "observations are normalized by --normalize_input"),
-    _ignored("obs_scale", float, "image observations are scaled to [0, 1] in the encoder; vector observations are "
-             "normalized by --normalize_input"),
-    _ignored("normalize_input_keys", str, "--normalize_input applies to every vector observation", nargs="*"),
-    _ignored("actor_worker_gpus", int, "envs run on the CPU here", nargs="*"),
-    _ignored("env_gpu_actions", str2bool, "envs run on the CPU here"),
-    _ignored("env_gpu_observations", str2bool, "envs run on the CPU here"),
-    _ignored("pixel_format", str, "observation layouts are handled by the env integrations"),
-    _ignored("use_record_episode_statistics", str2bool, "episode statistics come from the env integrations"),
-    _ignored("use_env_info_cache", str2bool, "the env is made once at start-up to check the configuration"),
-    _ignored("force_envs_single_thread", str2bool, _INTERNALS),
-    _ignored("default_niceness", int, _INTERNALS),
-    _ignored("train_in_background_thread", str2bool, _INTERNALS),
-    _ignored("learner_main_loop_num_cores", int, _INTERNALS),
-    _ignored("reset_timeout_seconds", int, "a stuck env is found by --stall_timeout_sec"),
-    _ignored("heartbeat_interval", int, "a stuck process is found by --stall_timeout_sec"),
-    _ignored("heartbeat_reporting_interval", int, "a stuck process is found by --stall_timeout_sec"),
-    _ignored("log_to_file", str2bool, "the log always goes to sf_log.txt in the experiment directory"),
-    _ignored("flush_summaries_interval", int, "summaries are flushed as they are written"),
-    _ignored("save_best_every_sec", int, "the best checkpoint is considered at every checkpoint (--save_every_sec)"),
-    _ignored("policy_init_gain", float, "the initialization gains are fixed (orthogonal, sqrt(2) for the encoder)"),
-    _ignored("initial_stddev", float, "the Gaussian's log-std is an output of the network"),
-    _ignored("continuous_tanh_scale", float, "continuous actions are not squashed by tanh here"),
-    _ignored("dmlab_one_task_per_worker", str2bool, "dmlab_30: env i runs level i % 30"),
-    _ignored("dmlab_with_instructions", str2bool, "language instructions are not part of the observation here"),
-    _ignored("dmlab_throughput_benchmark", str2bool, "see --random_policy"),
-    _ignored("dmlab_gpus", int, "--dmlab_renderer chooses the renderer", nargs="*"),
-    _ignored("sample_env_frames", int, "only for Sample Factory's DUMMY_SAMPLER (--algo)"),
-    _ignored("cpc_forward_steps", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
-    _ignored("cpc_time_subsample", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
-    _ignored("cpc_forward_subsample", int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
-    _ignored("hf_repository", optional_str, _HUB, scope="enjoy"),
-    _ignored("train_script", optional_str, _HUB, scope="enjoy"),
-    _ignored("enjoy_script", optional_str, _HUB, scope="enjoy"),
+    _ignored("actor_worker_gpus", 'internals', int, "envs run on the CPU here", nargs="*"),
+    _ignored("env_gpu_actions", 'internals', str2bool, "envs run on the CPU here"),
+    _ignored("env_gpu_observations", 'internals', str2bool, "envs run on the CPU here"),
+    _ignored("pixel_format", 'internals', str, "observation layouts are handled by the env integrations"),
+    _ignored("use_record_episode_statistics", 'logging', str2bool, "episode statistics come from the env integrations"),
+    _ignored("use_env_info_cache", 'internals', str2bool, "the env is made once at start-up to check the configuration"),
+    _ignored("force_envs_single_thread", 'internals', str2bool, _INTERNALS),
+    _ignored("default_niceness", 'internals', int, _INTERNALS),
+    _ignored("train_in_background_thread", 'internals', str2bool, _INTERNALS),
+    _ignored("learner_main_loop_num_cores", 'internals', int, _INTERNALS),
+    _ignored("reset_timeout_seconds", 'internals', int, "a stuck env is found by --stall_timeout_sec"),
+    _ignored("heartbeat_interval", 'internals', int, "a stuck process is found by --stall_timeout_sec"),
+    _ignored("heartbeat_reporting_interval", 'logging', int, "a stuck process is found by --stall_timeout_sec"),
+    _ignored("log_to_file", 'logging', str2bool, "the log always goes to sf_log.txt in the experiment directory"),
+    _ignored("flush_summaries_interval", 'logging', int, "summaries are flushed as they are written"),
+    _ignored("save_best_every_sec", 'checkpoints', int, "the best checkpoint is considered at every checkpoint (--save_every_sec)"),
+    _ignored("dmlab_one_task_per_worker", 'internals', str2bool, "dmlab_30: env i runs level i % 30"),
+    _ignored("dmlab_with_instructions", 'refused', str2bool, "language instructions are not part of the observation here"),
+    _ignored("dmlab_throughput_benchmark", 'internals', str2bool, "see --random_policy"),
+    _ignored("dmlab_gpus", 'internals', int, "--dmlab_renderer chooses the renderer", nargs="*"),
+    _ignored("sample_env_frames", 'refused', int, "only for Sample Factory's DUMMY_SAMPLER (--algo)"),
+    _ignored("cpc_forward_steps", 'refused', int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
+    _ignored("cpc_time_subsample", 'refused', int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
+    _ignored("cpc_forward_subsample", 'refused', int, "CPC|A options; CPC|A is not implemented (--use_cpc False)"),
+    _ignored("hf_repository", 'hub', optional_str, _HUB, scope="enjoy"),
+    _ignored("train_script", 'hub', optional_str, _HUB, scope="enjoy"),
+    _ignored("enjoy_script", 'hub', optional_str, _HUB, scope="enjoy"),
 ]
 SF_DEST = "_sf_flag:"  # argparse destination prefix of Sample Factory's flags (kept apart from the parameters)
 # Values of our parameters under Sample Factory's spelling.

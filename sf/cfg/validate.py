@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from sf.cfg.params import LIST_MAX_LEN, Param, all_params, optional_int, optional_str, str2bool, to_int
+from sf.cfg.params import (LIST_MAX_LEN, Param, all_params, optional_float, optional_int, optional_str, str2bool,
+                           to_int)
 from sf.cfg.string_checks import shown, shown_str, validate_experiment_name, validate_train_dir
 from sf.utils.errors import ConfigError
 
@@ -25,9 +26,9 @@ class ValueProblem(Exception):
 
 def value_kind(p: Param) -> tuple[str, bool]:
     """(kind, optional): kind is int, float, bool, str or custom; optional: None is a valid value."""
-    kind = {int: "int", optional_int: "int", float: "float", str2bool: "bool", str: "str",
+    kind = {int: "int", optional_int: "int", float: "float", optional_float: "float", str2bool: "bool", str: "str",
             optional_str: "str"}.get(p.type, "custom")
-    return kind, p.type in (optional_int, optional_str)
+    return kind, p.type in (optional_int, optional_float, optional_str)
 
 
 def _bound_text(x: Any) -> str:
@@ -222,8 +223,16 @@ def verify(cfg, mode: str = "train") -> None:
     if mode == "train" and cfg.pbt_perturb_min > cfg.pbt_perturb_max:
         raise ConfigError(f"--pbt_perturb_min ({cfg.pbt_perturb_min}) must be at most --pbt_perturb_max "
                           f"({cfg.pbt_perturb_max})")
+    if mode == "train" and cfg.lr_adaptive_min > cfg.lr_adaptive_max:
+        raise ConfigError(f"--lr_adaptive_min ({cfg.lr_adaptive_min}) must be at most --lr_adaptive_max "
+                          f"({cfg.lr_adaptive_max})")
     if cfg.use_rnn and cfg.rollout % cfg.recurrence:
         raise ConfigError(f"--recurrence ({cfg.recurrence}) must divide --rollout ({cfg.rollout})")
+    if cfg.adaptive_stddev and (cfg.initial_stddev != 1.0 or cfg.continuous_tanh_scale):  # would have no effect
+        flag, v = (("--initial_stddev", cfg.initial_stddev) if cfg.initial_stddev != 1.0
+                   else ("--continuous_tanh_scale", cfg.continuous_tanh_scale))
+        raise ConfigError(f"{flag} {v} applies to the learned state-independent std of --adaptive_stddev False; with "
+                          "--adaptive_stddev True the std is an output of the network: give --adaptive_stddev False")
     if mode == "train" and cfg.num_traj_buffers and cfg.sync_mode == "async":  # (hts/ppo: two slots per env)
         need = cfg.num_workers * cfg.num_envs_per_worker + samples // cfg.rollout
         if cfg.num_traj_buffers < need:

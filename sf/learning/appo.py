@@ -10,9 +10,13 @@ docs/architecture.md (`N` trajectories of `T` steps, slot `T` holding the state 
         lag = version - policy_versions; valid = lag <= cfg.max_policy_lag (async mode; hts/ppo bound the lag),
         and, in a population, only steps this policy acted (mb["own"] [n, T], from the learner)
         values of step T (learner's own weights) bootstrap V-trace (IMPALA) or GAE; a step whose episode was
-        truncated (time limit) is bootstrapped from the value of its final observation (final_obs)
-        loss = PPO clipped surrogate + value_loss_coeff * clipped value loss - entropy bonus (masked means)
-        backward, clip grad norm, Adam step, version += 1, on_sgd_step(version)
+        truncated (time limit) is bootstrapped from the value of its final observation (final_obs) with
+        cfg.value_bootstrap (without it, a truncation is a termination)
+        loss = PPO clipped surrogate + value_loss_coeff * clipped value loss + exploration loss (entropy bonus or
+        symmetric KL from uniform) + kl_loss_coeff * KL(pi || mu) (masked means; sf.learning.losses.appo_loss)
+        backward, clip grad norm, optimizer step (Adam or LAMB: sf.learning.optimizers) at the rate of
+        sf.learning.lr_schedule, version += 1, on_sgd_step(version); the schedule moves after the step (and after
+        each epoch)
 
 Minibatch order comes from a generator seeded from --seed (its state goes into checkpoints); in hts/ppo modes a
 training batch is one rollout of every env, split into cfg.sync_minibatches() SGD steps of --batch_size samples.
@@ -29,14 +33,27 @@ import torch
 
 from sf.cfg import sync_minibatches
 from sf.learning.gae import gae
-from sf.learning.losses import appo_loss, masked_mean
+from sf.learning.losses import appo_loss, masked_mean, symmetric_kl_with_uniform
+from sf.learning.lr_schedule import KL_ADAPTIVE, LrSchedule
+from sf.learning.optimizers import make_optimizer
 from sf.learning.vtrace import truncation_bootstrap, vtrace
+from sf.model.action_spaces import MASKED_LOGIT, action_heads
 from sf.seeding import MINIBATCH, run_seed, stream_seed
 
 OPTIMIZER_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "adam_beta1", "adam_beta2", "adam_eps")
-STAT_KEYS = ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm",
-             "learning_rate", "lag_min", "lag_avg", "lag_max", "masked_fraction", "num_samples", "num_masked",
+LOSS_KEYS = ("loss", "policy_loss", "value_loss", "exploration_loss", "kl_loss", "entropy", "kl_divergence",
+             "clip_fraction", "grad_norm")
+# lr: the rate the step used (Sample Factory's tag train/lr)
+STAT_KEYS = (*LOSS_KEYS, "lr", "lag_min", "lag_avg", "lag_max", "masked_fraction", "num_samples", "num_masked",
              "policy_version")
+
+
+def exploration_loss_problem(cfg, action_space) -> Optional[str]:
+    """Why cfg's --exploration_loss cannot train `action_space` (one line), or None."""
+    if cfg.exploration_loss == "symmetric_kl" and not action_heads(action_space):
+        return (f"--exploration_loss symmetric_kl needs discrete actions (its prior is the uniform distribution over "
+                f"them); the action space {action_space} is continuous: use --exploration_loss entropy")
+    return None
 
 
 def cfg_hyperparams(cfg) -> dict[str, float]:
@@ -46,13 +63,24 @@ def cfg_hyperparams(cfg) -> dict[str, float]:
 
 class APPO:
     def __init__(self, model: torch.nn.Module, cfg, device, policy_id: int = 0,
-                 grad_hook: Optional[Callable[[], None]] = None):
+                 grad_hook: Optional[Callable[[], None]] = None, frames_per_sample: float = 1.0):
         """`grad_hook()`: called after every backward, before gradient clipping and the optimizer step (e.g.
-        sf.distributed.GradientAllReduce: data-parallel learners average their gradients there)."""
+        sf.distributed.GradientAllReduce: data-parallel learners average their gradients there; the KL-adaptive
+        learning rate then follows the KL of all ranks' minibatches, so that every rank keeps the same rate).
+        frames_per_sample: env frames one sample stands for in the run's progress (frameskip x data-parallel ranks):
+        how far an SGD step moves the linear decay of the learning rate."""
         self.model, self.cfg, self.device = model, cfg, torch.device(device)
         self.grad_hook = grad_hook
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params)
+        self.optimizer_kind = cfg.optimizer
+        self.optimizer = make_optimizer(cfg.optimizer, self.params, cfg.learning_rate,
+                                        (cfg.adam_beta1, cfg.adam_beta2), cfg.adam_eps)
+        self.lr_schedule = LrSchedule.from_cfg(cfg)
+        self.frames_per_sample = float(frames_per_sample)
+        self.base_lr = float(cfg.learning_rate)
+        problem = exploration_loss_problem(cfg, model.action_space)
+        if problem:
+            raise ValueError(problem)
         self.set_hyperparams(**cfg_hyperparams(cfg))
         sync = getattr(cfg, "sync_mode", "async") != "async"
         self.num_minibatches = sync_minibatches(cfg) if sync else int(cfg.num_batches_per_epoch)
@@ -67,26 +95,30 @@ class APPO:
         unknown = set(values) - set(OPTIMIZER_HYPERPARAMS)
         if unknown:
             raise ValueError(f"unknown hyperparameters {sorted(unknown)}; known: {OPTIMIZER_HYPERPARAMS}")
+        self.base_lr = float(values.get("learning_rate", self.base_lr))
         for group in self.optimizer.param_groups:
             beta1, beta2 = group["betas"]
-            group["lr"] = float(values.get("learning_rate", group["lr"]))
+            group["lr"] = self.lr_schedule.rate(self.base_lr)
             group["betas"] = (float(values.get("adam_beta1", beta1)), float(values.get("adam_beta2", beta2)))
             group["eps"] = float(values.get("adam_eps", group["eps"]))
-            group["weight_decay"] = self.optimizer.defaults["weight_decay"]  # none here; a loaded state must not add any
+            # the optimizer's own (Adam: none; LAMB: Sample Factory's 1e-4): a loaded state must not change it
+            group["weight_decay"] = self.optimizer.defaults["weight_decay"]
         if "exploration_loss_coeff" in values:
             self.exploration_loss_coeff = float(values["exploration_loss_coeff"])
 
     def hyperparams(self) -> dict[str, float]:
-        """The OPTIMIZER_HYPERPARAMS in force (those of the first param group: every group holds the same)."""
+        """The OPTIMIZER_HYPERPARAMS in force (those of the first param group: every group holds the same);
+        learning_rate is the base rate (the param groups' lr is the schedule's rate from it)."""
         group = self.optimizer.param_groups[0]
-        return {"learning_rate": float(group["lr"]), "exploration_loss_coeff": float(self.exploration_loss_coeff),
+        return {"learning_rate": self.base_lr, "exploration_loss_coeff": float(self.exploration_loss_coeff),
                 "adam_beta1": float(group["betas"][0]), "adam_beta2": float(group["betas"][1]),
                 "adam_eps": float(group["eps"])}
 
     # --- one SGD step ---
-    def _sgd_step(self, mb: dict, version: int) -> tuple[dict, bool]:
+    def _sgd_step(self, mb: dict, version: int) -> tuple[dict, bool, Optional[float]]:
         """One minibatch `mb` (storage layout, n trajectories of T steps): forward, targets, loss, backward, optimizer
-        step. Returns (stats, whether the optimizer stepped)."""
+        step. Returns (stats, whether the optimizer stepped, the KL divergence for the learning-rate schedule: the
+        mean over the valid steps, of every rank's minibatch in a data-parallel run; None if none was measured)."""
         cfg, model = self.cfg, self.model
         n, t_len = mb["rewards"].shape
         num = float(n * t_len)
@@ -94,7 +126,7 @@ class APPO:
         # every sample too old: nothing to learn, no forward, no step, no new version (data-parallel learners still go
         # through the step: the others wait for this rank's gradients; none of them steps if no rank had any)
         if lag_stats[3] == 0 and self.grad_hook is None:
-            return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False
+            return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False, None
         seq_dones = torch.nn.functional.pad(mb["dones"], (0, 1))  # [n, T+1]; the done of step T is never used
         normalize_returns = getattr(model, "returns_normalizer", None) is not None and cfg.normalize_returns
 
@@ -106,17 +138,46 @@ class APPO:
         dist = model.action_distribution(logits)
         log_probs = dist.log_prob(mb["actions"].transpose(0, 1))  # actions [T, n, A]
         entropy = dist.entropy()
+        # KL(pi || mu) [T, n], the current policy's divergence from the behaviour policy (Sample Factory's direction):
+        # the penalty's (with gradient when it has a coefficient), the statistic's and the KL-adaptive schedule's
+        # (masked steps may hold anything: their behaviour logits are the policy's own there, KL 0, no NaN gradient)
+        behaviour_logits = torch.where(valid.unsqueeze(-1), mb["action_logits"].transpose(0, 1), logits.detach())
+        with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.kl_loss_coeff != 0.0):
+            kl = dist.kl_divergence(model.action_distribution(behaviour_logits))
+        sym_kl = self._symmetric_kl(dist, logits) if cfg.exploration_loss == "symmetric_kl" else None
         targets, advantages, behavior_values = self._targets(mb, values, log_probs, behavior_log_probs, valid,
                                                              normalize_returns)
 
         terms = appo_loss(log_probs, behavior_log_probs, advantages, values[:t_len], behavior_values, targets, entropy,
                           valid, clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
                           value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=self.exploration_loss_coeff,
-                          normalize_advantage=cfg.normalize_advantage)
+                          normalize_advantage=cfg.normalize_advantage, symmetric_kl=sym_kl, kl=kl,
+                          kl_loss_coeff=cfg.kl_loss_coeff)
         grad_norm, stepped = self._optimizer_step(terms["loss"])
-        out = self._loss_stats(mb, terms, dist, valid, grad_norm)
+        out = self._loss_stats(terms, kl, valid, grad_norm)
         out.update(zip(("lag_min", "lag_avg", "lag_max"), lag_stats))
-        return self._stats(out, num, lag_stats[3]), stepped
+        return self._stats(out, num, lag_stats[3]), stepped, self._schedule_kl(out["kl_divergence"], lag_stats[3])
+
+    def _symmetric_kl(self, dist, logits: torch.Tensor) -> torch.Tensor:
+        """[T, n] symmetric KL of the policy's heads from the uniform distribution (logits [T, n, L]); with action
+        masks, uniform over the actions the mask allows (the model gives masked ones the logit MASKED_LOGIT)."""
+        allowed = None
+        if getattr(self.model, "action_masked", False):
+            allowed = [lg != MASKED_LOGIT for lg in torch.split(logits, dist.head_sizes, dim=-1)]
+        return symmetric_kl_with_uniform(dist.log_probs_per_head, allowed)
+
+    def _schedule_kl(self, kl: float, num_valid: float) -> Optional[float]:
+        """The KL a KL-adaptive schedule adapts to (None: none measured). Data-parallel learners average every rank's
+        (weighted by its valid steps, a collective on every step): each rank then adapts its rate alike."""
+        if self.lr_schedule.kind not in KL_ADAPTIVE:
+            return None
+        if self.grad_hook is not None:
+            from sf.distributed import gather_rows  # (no process group: this rank's own row)
+            rows = gather_rows(torch.tensor([kl * num_valid, num_valid], dtype=torch.float64, device=self.device),
+                               what="the KL-adaptive learning rate's KL gather")
+            kl, num_valid = float(rows[:, 0].sum()), float(rows[:, 1].sum())
+            kl = kl / num_valid if num_valid > 0 else kl
+        return kl if num_valid > 0 else None
 
     def _valid_steps(self, mb: dict, version: int) -> tuple[torch.Tensor, list[float]]:
         """valid [T, n] bool: the steps to learn from (policy lag <= max_policy_lag and, in a population, acted by this
@@ -148,8 +209,8 @@ class APPO:
         if normalize_returns:
             v = model.returns_normalizer.denormalize(v)
         truncated = mb["truncated"].t()  # [T, n]
-        boot = None
-        if bool(truncated.any()):
+        boot = None  # --value_bootstrap False: a truncation is a termination (done: nothing after it)
+        if cfg.value_bootstrap and bool(truncated.any()):
             boot = truncation_bootstrap(truncated, self._final_values(mb, v[:t_len]), cfg.gamma)
         if cfg.with_vtrace:
             vt = vtrace(behavior_log_probs, log_probs.detach(), rewards, v[:t_len], v[t_len], discounts,
@@ -179,19 +240,18 @@ class APPO:
         return grad_norm, stepped
 
     @torch.no_grad()
-    def _loss_stats(self, mb: dict, terms: dict, dist, valid: torch.Tensor, grad_norm: torch.Tensor) -> dict:
-        """The loss terms, the KL divergence from the behaviour policy, the clipped fraction and the gradient norm as
-        floats (means over the valid steps)."""
+    def _loss_stats(self, terms: dict, kl: torch.Tensor, valid: torch.Tensor, grad_norm: torch.Tensor) -> dict:
+        """The loss terms, the KL divergence of the policy from the behaviour policy (kl [T, n]), the clipped fraction
+        and the gradient norm as floats (means over the valid steps): the LOSS_KEYS."""
         ratio = terms["ratio"]
         eps = self.cfg.ppo_clip_ratio
         clipped = (ratio > 1.0 + eps) | (ratio < 1.0 / (1.0 + eps))
-        kl = self.model.action_distribution(mb["action_logits"].transpose(0, 1)).kl_divergence(dist)
         values = torch.stack([
-            terms["loss"].detach(), terms["policy_loss"].detach(), terms["value_loss"].detach(), terms["entropy"],
-            masked_mean(kl, valid), masked_mean(clipped.float(), valid), grad_norm.float(),
+            terms["loss"].detach(), terms["policy_loss"].detach(), terms["value_loss"].detach(),
+            terms["exploration_loss"], terms["kl_loss"], terms["entropy"], masked_mean(kl.detach(), valid),
+            masked_mean(clipped.float(), valid), grad_norm.float(),
         ]).tolist()
-        return dict(zip(("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm"),
-                        values))
+        return dict(zip(LOSS_KEYS, values))
 
     @torch.no_grad()
     def _final_values(self, mb: dict, values: torch.Tensor) -> torch.Tensor:
@@ -208,27 +268,53 @@ class APPO:
         return out
 
     def _stats(self, out: dict, num: float, num_valid: float) -> dict:
-        for k in ("loss", "policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm"):
+        for k in LOSS_KEYS:
             out.setdefault(k, 0.0)
         out["masked_fraction"] = 1.0 - num_valid / num
         out["num_masked"] = num - num_valid
         out["num_samples"] = num
-        out["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])
+        out["lr"] = float(self.optimizer.param_groups[0]["lr"])
         return out
 
+    def _apply_lr(self) -> None:
+        """The schedule's rate from the base rate, into every param group (from the next SGD step on)."""
+        rate = self.lr_schedule.rate(self.base_lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
+
+    # --- checkpoints ---
+    def training_state(self) -> dict:
+        """What a checkpoint keeps beside the optimizer's state (weights_only-safe): which optimizer it is and the
+        learning-rate schedule's state."""
+        return {"optimizer_kind": self.optimizer_kind, "lr_schedule": self.lr_schedule.state_dict()}
+
+    def load_training_state(self, state: dict) -> bool:
+        """Restore the schedule's state from a checkpoint `state` (older checkpoints have none: the schedule starts
+        afresh) and apply its rate. Returns whether the checkpoint's optimizer state fits this optimizer (older
+        checkpoints are Adam's)."""
+        self.lr_schedule.load_state_dict(state.get("lr_schedule"))
+        self._apply_lr()
+        return state.get("optimizer_kind", "adam") == self.optimizer_kind
+
     # --- one training batch ---
-    def train(self, experience: dict, policy_version: int,
-              on_sgd_step: Optional[Callable[[int], None]] = None) -> list[dict]:
+    def train(self, experience: dict, policy_version: int, on_sgd_step: Optional[Callable[[int], None]] = None,
+              env_frames: Optional[float] = None) -> list[dict]:
         """Run cfg.num_epochs x cfg.num_batches_per_epoch SGD steps on `experience` (storage layout, see the
         module docstring); calls `on_sgd_step(new_version)` after each step. Returns one stats dict per step
         (keys STAT_KEYS, floats). A minibatch whose samples are all older than cfg.max_policy_lag (or whose
-        gradient is not finite) does no optimizer step and does not advance the version."""
+        gradient is not finite) does no optimizer step and does not advance the version. env_frames: the env frames
+        the run trained on before this batch (the learner's count: linear_decay's progress; None: the schedule's own
+        count goes on)."""
         cfg, model = self.cfg, self.model
         model.train()
         n_traj, t_len = experience["rewards"].shape
         num_mb = max(1, min(self.num_minibatches, n_traj))
         if hasattr(model, "update_normalizers"):
             model.update_normalizers({k: v[:, :t_len] for k, v in experience["obs"].items()})
+        schedule = self.lr_schedule
+        if env_frames is not None:
+            schedule.frames = float(env_frames)
+        self._apply_lr()
 
         version = int(policy_version)
         all_stats = []
@@ -236,16 +322,27 @@ class APPO:
             if num_mb == 1:
                 minibatches = [experience]
             else:
-                perm = torch.randperm(n_traj, device=experience["rewards"].device, generator=self.generator)
+                device = experience["rewards"].device
+                perm = (torch.randperm(n_traj, device=device, generator=self.generator) if cfg.shuffle_minibatches
+                        else torch.arange(n_traj, device=device))
                 minibatches = (_index(experience, idx) for idx in torch.tensor_split(perm, num_mb))  # lazy: one copy at a time
+            epoch_kls = []
             for mb in minibatches:
-                stats, stepped = self._sgd_step(mb, version)
+                stats, stepped, kl = self._sgd_step(mb, version)
                 if stepped:
                     version += 1
                     if on_sgd_step is not None:
                         on_sgd_step(version)
                 stats["policy_version"] = float(version)
                 all_stats.append(stats)
+                # each sample's frames count once over the epochs (the learner's frame count grows by the batch's)
+                schedule.advance(stats["num_samples"] * self.frames_per_sample / cfg.num_epochs)
+                schedule.after_minibatch(self.base_lr, kl)
+                if kl is not None:
+                    epoch_kls.append(kl)
+                self._apply_lr()
+            schedule.after_epoch(self.base_lr, epoch_kls)
+            self._apply_lr()
         return all_stats
 
 

@@ -80,10 +80,20 @@ def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
             "model": model_signature(model), "model_options": model_options(cfg)}
 
 
+# Model options added after checkpoints began to record model_options, each with the value that builds the model those
+# checkpoints hold: recorded only when a run's value differs from it, so an older checkpoint (without the key) matches.
+# (The initialization options are not model options: they pick starting weights that a checkpoint's replace.)
+LATER_MODEL_OPTIONS = {"rnn_num_layers": 1, "actor_critic_share_weights": True, "adaptive_stddev": True,
+                       "continuous_tanh_scale": 0.0, "obs_scale": 255.0, "obs_subtract_mean": 0.0}
+
+
 def model_options(cfg) -> dict:
     """The model settings that change what the weights compute without changing their shapes (the signature cannot
-    tell them apart): resuming or watching with another would run the weights through another function."""
-    return {"nonlinearity": cfg.nonlinearity}
+    tell them apart), and those that change its structure: resuming or watching with another would run the weights
+    through another function (or fail on their names)."""
+    options = {"nonlinearity": cfg.nonlinearity}
+    options.update({k: getattr(cfg, k) for k, before in LATER_MODEL_OPTIONS.items() if getattr(cfg, k, before) != before})
+    return options
 
 
 class Learner:
@@ -97,6 +107,7 @@ class Learner:
         self.cfg, self.buffers, self.queues = cfg, buffers, queues
         self.policy_id, self.all_weights = policy_id, all_weights or [shared_weights]
         self.population = getattr(cfg, "num_policies", 1) > 1
+        self.masks_steps = self.population or num_agents > 1  # (see collect)
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
         self.heartbeat = shared_state.heartbeat_slot(learner_name(policy_id, shared_state.num_policies))
         if getattr(cfg, "sync_mode", "async") != "async":
@@ -109,7 +120,8 @@ class Learner:
             distributed.init_learner_group(self.world, self.device, cfg.distributed_timeout_sec)
             grad_hook = distributed.GradientAllReduce(self.model.parameters())
             distributed.share_normalizer_statistics(self.model)  # the union batch's statistics on every rank
-        self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook)
+        self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook,
+                         frames_per_sample=frameskip * self.world.world_size)  # (the run's frames: linear decay)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=policy_id, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric,
@@ -152,7 +164,11 @@ class Learner:
         if state is None:
             return None
         check_compatible(state["meta"], self.meta, state.get("path", "latest checkpoint"))
-        load_into(self.model, self.appo.optimizer, state)
+        same_optimizer = self.appo.load_training_state(state)  # the learning-rate schedule's state, and its rate
+        load_into(self.model, self.appo.optimizer if same_optimizer else None, state)
+        if not same_optimizer:
+            log.info("%s: optimizer state of --optimizer %s not loaded: this run uses --optimizer %s (fresh state)",
+                     state.get("path", "latest checkpoint"), state.get("optimizer_kind", "adam"), self.cfg.optimizer)
         # the optimizer state brought the saving run's hyperparameters: this run's are in force (sf/runner/population.py
         # says which; a population's PBT values follow from SharedState before the first batch)
         self.appo.set_hyperparams(**cfg_hyperparams(self.cfg))
@@ -201,7 +217,8 @@ class Learner:
             self.last_save = time.time()
             return
         extra = {"minibatch_rng": self.appo.generator.get_state(), "policy_id": self.policy_id,
-                 "hyperparams": dict(self.hyperparams), "world_size": self.world.world_size}
+                 "hyperparams": dict(self.hyperparams), "world_size": self.world.world_size,
+                 **self.appo.training_state()}
         state = make_checkpoint_state(self.model, self.appo.optimizer, self.version, self.env_steps, self.meta,
                                       extra=extra)
         path = self.checkpoints.save(state, self.version, self.env_steps)
@@ -307,7 +324,8 @@ class Learner:
         slots = torch.tensor(self.pending[: self.trajs_per_batch], dtype=torch.int64)
         self.pending = self.pending[self.trajs_per_batch:]
         experience = self.buffers.gather(slots, self.device)
-        if self.population:  # steps another policy acted (it took over the agent at an episode start): masked
+        if self.masks_steps:  # masked: steps another policy acted (it took over the agent at
+            # an episode start), or none did (policy id -1: the env said the agent was inactive, info["is_active"])
             experience["own"] = experience["policy_ids"] == self.policy_id
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # the copy must finish before the slots are reused
@@ -355,7 +373,8 @@ class Learner:
         if self.sync:
             return self.train_sync(experience)
         self.apply_population_updates()
-        stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step)
+        stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step,
+                                env_frames=self.env_steps * self.world.world_size)
         self._trained(stats)
 
     def _trained(self, stats: list) -> None:
@@ -385,7 +404,8 @@ class Learner:
         if lo != hi or lo != self.published[behaviour]:  # the mode's guarantee, checked on the data itself
             raise RuntimeError(f"--sync_mode {self.sync}: batch {k} holds samples of policy versions {lo}..{hi}, "
                                f"expected only {self.published[behaviour]}")
-        stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step)
+        stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step,
+                                env_frames=self.env_steps * self.world.world_size)
         for s in stats:
             s["policy_lag_batches"] = float(k - behaviour)
         if self.sync == "ppo":

@@ -8,6 +8,7 @@ statistics of valid samples only. With no valid sample every term is 0.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -73,20 +74,83 @@ def entropy_loss(entropy: torch.Tensor, valid: Optional[torch.Tensor] = None) ->
     return -masked_mean(torch.where(valid, entropy, torch.zeros((), dtype=entropy.dtype, device=entropy.device)), valid)
 
 
+SYMMETRIC_KL_MAX = 30.0  # Sample Factory's bound on the mean symmetric KL of the exploration loss
+
+
+def symmetric_kl_with_uniform(log_probs_per_head: list[torch.Tensor],
+                              allowed_per_head: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
+    """Symmetric KL divergence of categorical heads from the uniform distribution, summed over the heads (Sample
+    Factory's symmetric_kl_with_uniform_prior). A head of K actions with probabilities p and u = 1/K:
+
+        0.5 * (KL(p || u) + KL(u || p)) = 0.5 * (sum_a p_a (log p_a - log u) + sum_a u (log u - log p_a))
+
+    log_probs_per_head: one [..., K_h] tensor of log-probabilities per head. allowed_per_head (action masks): one
+    [..., K_h] bool tensor per head, or None; the uniform distribution is then over the allowed actions only (K their
+    number, sums over them; masked actions have p = 0), and a head with none allowed counts all of them (the model
+    makes it uniform). Returns [...]."""
+    total = None
+    for i, lp in enumerate(log_probs_per_head):
+        allowed = None if allowed_per_head is None else allowed_per_head[i]
+        if allowed is None:
+            k = lp.shape[-1]
+            log_u = -math.log(k)
+            term = 0.5 * ((lp.exp() * (lp - log_u)).sum(-1) + ((log_u - lp) / k).sum(-1))
+        else:
+            allowed = allowed | ~allowed.any(-1, keepdim=True)
+            k = allowed.sum(-1, keepdim=True).to(lp.dtype)
+            log_u = -torch.log(k)
+            zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+            term = 0.5 * (torch.where(allowed, lp.exp() * (lp - log_u), zero).sum(-1)
+                          + torch.where(allowed, (log_u - lp) / k, zero).sum(-1))
+        total = term if total is None else total + term
+    return total
+
+
+def symmetric_kl_loss(sym_kl: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The symmetric-KL exploration loss before its coefficient, as Sample Factory computes it: the mean over valid
+    samples of `sym_kl` (symmetric_kl_with_uniform), 0 if it is not finite, at most SYMMETRIC_KL_MAX (beyond that
+    it has no gradient: a policy that deterministic is far past what the penalty can steer)."""
+    mean = masked_mean(sym_kl, valid)
+    if not bool(torch.isfinite(mean)):
+        return torch.zeros((), dtype=sym_kl.dtype, device=sym_kl.device)
+    return torch.clamp(mean, max=SYMMETRIC_KL_MAX)
+
+
+def kl_loss(kl: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The KL penalty before its coefficient: mean over valid samples of kl = KL(pi || mu), the current policy's
+    divergence from the behaviour policy (Sample Factory's _kl_loss; the PPO paper's fixed-coefficient KL penalty)."""
+    valid = _valid(kl, valid)
+    return masked_mean(torch.where(valid, kl, torch.zeros((), dtype=kl.dtype, device=kl.device)), valid)
+
+
 def appo_loss(log_probs: torch.Tensor, behavior_log_probs: torch.Tensor, advantages: torch.Tensor,
               values: torch.Tensor, behavior_values: torch.Tensor, value_targets: torch.Tensor,
               entropy: torch.Tensor, valid: Optional[torch.Tensor], *, clip_ratio: float, clip_value: float,
-              value_loss_coeff: float, exploration_loss_coeff: float, normalize_advantage: bool = True) -> dict:
+              value_loss_coeff: float, exploration_loss_coeff: float, normalize_advantage: bool = True,
+              symmetric_kl: Optional[torch.Tensor] = None, kl: Optional[torch.Tensor] = None,
+              kl_loss_coeff: float = 0.0) -> dict:
     """The whole APPO objective:
 
-        loss = policy_loss(normalized A) + value_loss_coeff * value_loss + exploration_loss_coeff * entropy_loss
+        loss = policy_loss(normalized A) + value_loss_coeff * value_loss + exploration_loss + kl_loss
+        exploration_loss = exploration_loss_coeff * entropy_loss                (--exploration_loss entropy)
+                         = exploration_loss_coeff * symmetric_kl_loss(symmetric_kl)        (symmetric_kl given)
+        kl_loss = kl_loss_coeff * kl_loss(kl)
 
-    Returns a dict of tensors: loss, policy_loss, value_loss, entropy (mean over valid samples, detached),
-    ratio (detached, 1 where masked)."""
+    A term whose coefficient is 0 is left out (not multiplied by 0: a non-finite term cannot spoil the loss).
+    symmetric_kl, kl: per-sample tensors like the others (symmetric_kl_with_uniform; KL(pi || mu)), or None.
+    Returns a dict of tensors: loss, policy_loss, value_loss, exploration_loss, kl_loss (the last two with their
+    coefficients, detached), entropy (mean over valid samples, detached), ratio (detached, 1 where masked)."""
     if normalize_advantage:
         advantages = normalize_advantages(advantages, valid)
     pl, ratio = policy_loss(log_probs, behavior_log_probs, advantages, clip_ratio, valid)
     vl = value_loss(values, behavior_values, value_targets, clip_value, valid)
     el = entropy_loss(entropy, valid)
-    total = pl + value_loss_coeff * vl + exploration_loss_coeff * el
-    return {"loss": total, "policy_loss": pl, "value_loss": vl, "entropy": -el.detach(), "ratio": ratio}
+    zero = torch.zeros((), dtype=pl.dtype, device=pl.device)
+    exploration = zero
+    if exploration_loss_coeff != 0.0:
+        term = el if symmetric_kl is None else symmetric_kl_loss(symmetric_kl, valid)
+        exploration = exploration_loss_coeff * term
+    kl_term = kl_loss_coeff * kl_loss(kl, valid) if kl is not None and kl_loss_coeff != 0.0 else zero
+    total = pl + value_loss_coeff * vl + exploration + kl_term
+    return {"loss": total, "policy_loss": pl, "value_loss": vl, "exploration_loss": exploration.detach(),
+            "kl_loss": kl_term.detach(), "entropy": -el.detach(), "ratio": ratio}

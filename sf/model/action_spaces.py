@@ -9,6 +9,11 @@
 Distributions accept logits with any leading dims `[..., L]`: `sample(noise=None)`/`mode()` give `[..., A]`,
 `log_prob(actions [..., A])`/`entropy()` give `[...]` (summed over heads / dimensions). They are plain
 tensor code (no torch.distributions argument validation): the policy worker calls them on every step.
+
+Action masks: an observation key "action_mask" `[L]` (nonzero = valid; the heads' masks concatenated in sub-space
+order for MultiDiscrete) makes the model put MASKED_LOGIT in place of the masked logits (`mask_logits`), so every
+consumer of the logits (sampling, mode, log-probs, entropy, KL, the stored behaviour logits, V-trace) sees a
+distribution that gives masked actions probability exactly 0.
 """
 from __future__ import annotations
 
@@ -62,6 +67,35 @@ def num_action_logits(space) -> int:
     return sum(action_heads(space))
 
 
+# Finite, not -inf: exp() of it (after log_softmax) is exactly 0 in float32, and 0 * MASKED_LOGIT is 0 where
+# 0 * -inf would make the entropy and the KL NaN; a head whose every action is masked is uniform, not NaN.
+MASKED_LOGIT = -1e9
+ACTION_MASK_KEY = "action_mask"
+
+
+def check_action_mask(obs_space, action_space) -> bool:
+    """Whether `obs_space` (a Dict) has an "action_mask" key; ValueError if that key cannot mask `action_space`
+    (a Discrete or MultiDiscrete space, mask shape [L])."""
+    space = getattr(obs_space, "spaces", {}).get(ACTION_MASK_KEY)
+    if space is None:
+        return False
+    _check(action_space)
+    if isinstance(action_space, spaces.Box):
+        raise ValueError(f"observation key {ACTION_MASK_KEY!r} masks Discrete or MultiDiscrete actions, "
+                         f"not {action_space}")
+    if tuple(space.shape) != (num_action_logits(action_space),):
+        raise ValueError(f"observation key {ACTION_MASK_KEY!r} has shape {tuple(space.shape)}; {action_space} needs "
+                         f"({num_action_logits(action_space)},): one 0/1 entry per action of every head")
+    return True
+
+
+def mask_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logits [..., L], mask [..., L] (any dtype, nonzero = valid) -> logits [..., L] with MASKED_LOGIT at the masked
+    entries, in the memory layout of `logits` (clone keeps the strides of time-major sequence outputs). The filled
+    entries are constants: the gradient w.r.t. a masked logit is exactly 0."""
+    return logits.clone().masked_fill_(mask == 0, MASKED_LOGIT)
+
+
 class CategoricalHeads:
     """Independent categorical distributions over consecutive slices of the logits (1 head: Discrete)."""
 
@@ -79,7 +113,8 @@ class CategoricalHeads:
 
     def sample(self, noise: torch.Tensor | None = None) -> torch.Tensor:
         """noise: optional [..., A] uniforms in [0, 1), one per head: the action is then a function of the logits and
-        the noise alone (inverse CDF), whatever batch it is computed in (hts/ppo modes)."""
+        the noise alone (inverse CDF), whatever batch it is computed in (hts/ppo modes). Either way an action of
+        probability 0 (masked) is never chosen."""
         out = []
         for i, lp in enumerate(self._log_p):
             if noise is None:  # Gumbel-max: argmax(log p - log(-log U)) samples softmax(log p); one vectorized op
@@ -92,7 +127,10 @@ class CategoricalHeads:
                 else:  # running sums, elementwise: deterministic mode (hts/ppo) refuses torch.cumsum on CUDA floats
                     cdf = torch.stack(list(itertools.accumulate(p.unbind(-1))), dim=-1)
                 u = noise[..., i:i + 1].to(cdf.dtype) * cdf[..., -1:]
-                out.append((cdf <= u).sum(-1).clamp_(max=lp.shape[-1] - 1))
+                # the first index whose cdf exceeds u has p > 0; where none does (u rounded up to the total), the last
+                # action of positive probability (the last action itself may be masked)
+                last = torch.where(p > 0, torch.arange(p.shape[-1], device=p.device), 0).amax(-1)
+                out.append(torch.minimum((cdf <= u).sum(-1), last))
         return torch.stack(out, dim=-1)
 
     def mode(self) -> torch.Tensor:

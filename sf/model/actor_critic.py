@@ -8,6 +8,17 @@ docs/architecture.md.
     vector obs:  obs [D] -> norm -> MLP encoder_mlp_layers -> core -> heads
     cfg.use_rnn False: the core is the identity (rnn_state_size 1, ignored).
 
+Options (Sample Factory 2.1.1's sample_factory/model: actor_critic.py, core.py, action_parameterization.py):
+- rnn_num_layers: a stacked GRU/LSTM; its state packs every layer's h (and c), see sf.model.cores.
+- actor_critic_share_weights False (ActorCriticSeparateWeights): the critic has its own encoder and core
+  (`critic_encoder`, `critic_core`; `encoder`/`core` are the actor's), the RNN state is
+  cat(actor's state, critic's state) (feed-forward: [B, 2], ignored). Each encoder keeps its own input normalizers,
+  updated with the same batches (so they hold the same statistics, as Sample Factory's single normalizer).
+- adaptive_stddev False (Box actions; ActionParameterizationContinuousNonAdaptiveStddev): the head outputs the
+  means only and the log-stds are one learned parameter `action_log_std` [A], initially log(initial_stddev), with
+  continuous_tanh_scale s > 0 squashing the means to tanh(mean / s) * s. The logits are [means, log-stds] either way.
+- policy_initialization / policy_init_gain: see `_init_weights`.
+
 The full architecture is chosen automatically: a "measurements" key in the obs Dict adds its MLP, a
 MultiDiscrete action space gets one independent linear head per sub-space (their logits are
 concatenated in sub-space order: L = sum(nvec)).
@@ -24,7 +35,8 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-from sf.model.action_spaces import action_distribution, action_heads, num_action_logits
+from sf.model.action_spaces import (ACTION_MASK_KEY, action_distribution, action_heads, check_action_mask, mask_logits,
+                                    num_action_logits)
 from sf.model.cores import IdentityCore, RecurrentCore
 from sf.model.encoders import ObsEncoder
 from sf.model.normalization import RunningMeanStd
@@ -40,50 +52,87 @@ class ActorCritic(nn.Module):
     def __init__(self, cfg, obs_space, action_space, channels_last: bool = True):
         super().__init__()
         self.obs_space, self.action_space = obs_space, action_space
-        self.encoder = ObsEncoder(cfg, obs_space, channels_last=channels_last)
-        if cfg.use_rnn:
-            self.core = RecurrentCore(self.encoder.out_size, cfg.rnn_type, cfg.rnn_size)
-        else:
-            self.core = IdentityCore(self.encoder.out_size)
-        self.rnn_state_size = int(self.core.state_size)
+        self.action_masked = check_action_mask(obs_space, action_space)  # obs["action_mask"] masks the logits
         self.is_recurrent = bool(cfg.use_rnn)
+        self.encoder = ObsEncoder(cfg, obs_space, channels_last=channels_last)
+        self.core = self._make_core(cfg, self.encoder.out_size)
+        self.critic_encoder: Optional[ObsEncoder] = None  # separate weights: the critic's own encoder and core
+        self.critic_core: Optional[nn.Module] = None
+        if not getattr(cfg, "actor_critic_share_weights", True):
+            self.critic_encoder = ObsEncoder(cfg, obs_space, channels_last=channels_last)
+            self.critic_core = self._make_core(cfg, self.critic_encoder.out_size)
+        self.state_sizes = [int(c.state_size) for c in (self.core, self.critic_core) if c is not None]
+        self.rnn_state_size = sum(self.state_sizes)
         core_out = self.core.out_size
 
         heads = action_heads(action_space)
-        sizes = heads if heads else [num_action_logits(action_space)]
-        self.action_heads = nn.ModuleList(nn.Linear(core_out, n) for n in sizes)
         self.num_action_logits = num_action_logits(action_space)
-        self.critic = nn.Linear(core_out, 1)
+        # Box actions without adaptive stddev: the heads give the means, the log-stds are a learned parameter
+        self.action_log_std: Optional[nn.Parameter] = None
+        self.tanh_scale = 0.0
+        if not heads and not getattr(cfg, "adaptive_stddev", True):
+            means = self.num_action_logits // 2
+            self.action_log_std = nn.Parameter(torch.full((means,), math.log(getattr(cfg, "initial_stddev", 1.0))))
+            self.tanh_scale = float(getattr(cfg, "continuous_tanh_scale", 0.0))
+            heads = [means]
+        sizes = heads if heads else [self.num_action_logits]
+        self.action_heads = nn.ModuleList(nn.Linear(core_out, n) for n in sizes)
+        self.critic = nn.Linear((self.critic_core or self.core).out_size, 1)
         self.returns_normalizer: Optional[RunningMeanStd] = (
             RunningMeanStd((), clip=None) if getattr(cfg, "normalize_returns", False) else None)
-        self._init_weights()
+        self._init_weights(getattr(cfg, "policy_initialization", "orthogonal"), getattr(cfg, "policy_init_gain", None))
 
-    def _init_weights(self) -> None:
-        relu_gain = math.sqrt(2.0)
-        for m in self.encoder.modules():
+    def _make_core(self, cfg, in_size: int) -> nn.Module:
+        if self.is_recurrent:
+            return RecurrentCore(in_size, cfg.rnn_type, cfg.rnn_size, getattr(cfg, "rnn_num_layers", 1))
+        return IdentityCore(in_size)
+
+    def _init_weights(self, scheme: str, gain: Optional[float]) -> None:
+        """Sample Factory's ActorCritic.initialize_weights: every Linear and Conv2d layer gets a zero bias and, unless
+        `scheme` is torch_default, weights orthogonal or Xavier-uniform with `gain`; the RNN keeps torch's default.
+
+        gain None (this implementation's default): per-layer gains instead, sqrt(2) for the encoders' layers
+        (followed by ELU/ReLU), 0.01 for the action heads (a nearly uniform initial policy), 1 for the critic; with
+        orthogonal, the RNN's weight matrices are also orthogonal per gate block [R, in] and its biases zero."""
+        if scheme not in ("orthogonal", "xavier_uniform", "torch_default"):
+            raise ValueError(f"policy_initialization must be orthogonal, xavier_uniform or torch_default, got {scheme!r}")
+        init = nn.init.orthogonal_ if scheme == "orthogonal" else nn.init.xavier_uniform_
+        layer_gain = {id(h): 0.01 for h in self.action_heads}
+        layer_gain[id(self.critic)] = 1.0
+        for m in self.modules():  # module order: the encoders' layers, the RNN, the heads, the critic
             if isinstance(m, (nn.Linear, nn.Conv2d)):
-                nn.init.orthogonal_(m.weight, gain=relu_gain)
-                nn.init.zeros_(m.bias)
-        if isinstance(self.core, RecurrentCore):
-            for name, p in self.core.rnn.named_parameters():
-                if "weight" in name:
-                    for w in p.data.split(self.core.rnn_size, dim=0):  # one block per gate
-                        nn.init.orthogonal_(w)
-                else:
-                    nn.init.zeros_(p)
-        for head in self.action_heads:
-            nn.init.orthogonal_(head.weight, gain=0.01)
-            nn.init.zeros_(head.bias)
-        nn.init.orthogonal_(self.critic.weight, gain=1.0)
-        nn.init.zeros_(self.critic.bias)
+                if scheme != "torch_default":
+                    init(m.weight, gain=layer_gain.get(id(m), math.sqrt(2.0)) if gain is None else gain)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, (nn.GRU, nn.LSTM)) and scheme == "orthogonal" and gain is None:
+                for name, p in m.named_parameters():
+                    if "weight" in name:
+                        for w in p.data.split(m.hidden_size, dim=0):  # one block per gate
+                            nn.init.orthogonal_(w)
+                    else:
+                        nn.init.zeros_(p)
 
     # --- heads ---
-    def _heads(self, x: torch.Tensor):
+    def _heads(self, x: torch.Tensor, critic_x: torch.Tensor):
+        """Actor features x [..., R] and critic features critic_x [..., R] -> (logits [..., L], values [...])."""
         if len(self.action_heads) == 1:
             logits = self.action_heads[0](x)
         else:
             logits = torch.cat([h(x) for h in self.action_heads], dim=-1)
-        return logits, self.critic(x).squeeze(-1)
+        if self.action_log_std is not None:  # logits are the means here
+            if self.tanh_scale > 0:
+                logits = torch.tanh(logits / self.tanh_scale) * self.tanh_scale
+            logits = torch.cat([logits, self.action_log_std.expand_as(logits)], dim=-1)
+        return logits, self.critic(critic_x).squeeze(-1)
+
+    def _core_sequence(self, core: nn.Module, feats: torch.Tensor, rnn_states: torch.Tensor, dones: torch.Tensor,
+                       recurrence: int) -> torch.Tensor:
+        """feats [B*S, F] -> core outputs [S, B, R] (time-major; feed-forward: feats itself); rnn_states [B, S, H]."""
+        if not self.is_recurrent:
+            return feats
+        b, s = dones.shape[:2]
+        return core.sequence(feats.view(b, s, -1).transpose(0, 1).contiguous(), rnn_states, dones, recurrence)
 
     def _denormalize_values(self, v: torch.Tensor) -> torch.Tensor:
         return self.returns_normalizer.denormalize(v) if self.returns_normalizer is not None else v
@@ -91,10 +140,16 @@ class ActorCritic(nn.Module):
     # --- contract ---
     def forward_step(self, obs: dict, rnn_states: torch.Tensor) -> StepOutput:
         """obs: key -> [B, *shape] (storage dtype); rnn_states [B, H] -> StepOutput."""
-        x = self.encoder(obs)
-        x, new_states = self.core.step(x, rnn_states)
-        logits, values = self._heads(x)
-        return StepOutput(logits, self._denormalize_values(values), new_states)
+        if self.critic_core is None:
+            x, new_states = self.core.step(self.encoder(obs), rnn_states)
+            logits, values = self._heads(x, x)
+        else:
+            actor_states, critic_states = rnn_states.split(self.state_sizes, dim=-1)
+            x, new_actor = self.core.step(self.encoder(obs), actor_states)
+            c, new_critic = self.critic_core.step(self.critic_encoder(obs), critic_states)
+            logits, values = self._heads(x, c)
+            new_states = torch.cat([new_actor, new_critic], dim=-1)
+        return StepOutput(self._mask(logits, obs), self._denormalize_values(values), new_states)
 
     forward = forward_step
 
@@ -107,18 +162,25 @@ class ActorCritic(nn.Module):
         With `normalized_values` the raw critic output (normalized return units) is returned."""
         b, s = dones.shape[:2]
         flat = {k: v.reshape(b * s, *v.shape[2:]) for k, v in obs.items()}
-        feats = self.encoder(flat)
+        if self.critic_core is None:
+            x = c = self._core_sequence(self.core, self.encoder(flat), rnn_states, dones, recurrence)
+        else:
+            actor_states, critic_states = rnn_states.split(self.state_sizes, dim=-1)
+            x = self._core_sequence(self.core, self.encoder(flat), actor_states, dones, recurrence)
+            c = self._core_sequence(self.critic_core, self.critic_encoder(flat), critic_states, dones, recurrence)
+        logits, values = self._heads(x, c)  # recurrent: [S, B, L], [S, B]; feed-forward: [B*S, L], [B*S]
         if self.is_recurrent:
-            x = feats.view(b, s, -1).transpose(0, 1).contiguous()  # [S, B, F]
-            x = self.core.sequence(x, rnn_states, dones, recurrence)
-            logits, values = self._heads(x)  # [S, B, L], [S, B]
             logits, values = logits.transpose(0, 1), values.transpose(0, 1)
         else:
-            logits, values = self._heads(feats)
             logits, values = logits.view(b, s, -1), values.view(b, s)
         if not normalized_values:
             values = self._denormalize_values(values)
-        return logits, values
+        return self._mask(logits, obs), values
+
+    def _mask(self, logits: torch.Tensor, obs: dict) -> torch.Tensor:
+        """logits [..., L] -> the same with obs["action_mask"] [..., L] applied (sf.model.action_spaces.mask_logits):
+        every consumer of the logits sees masked actions at probability exactly 0."""
+        return mask_logits(logits, obs[ACTION_MASK_KEY]) if self.action_masked else logits
 
     def action_distribution(self, logits: torch.Tensor):
         """Distribution over actions for logits [..., L] (see sf.model.action_spaces)."""
@@ -128,6 +190,8 @@ class ActorCritic(nn.Module):
     def update_normalizers(self, obs: dict, valid: Optional[torch.Tensor] = None) -> None:
         """Learner only: merge the statistics of vector observations/measurements (`[..., D]`)."""
         self.encoder.update_normalizers(obs, valid)
+        if self.critic_encoder is not None:
+            self.critic_encoder.update_normalizers(obs, valid)
 
 
 def create_actor_critic(cfg, obs_space, action_space, channels_last: bool = True) -> ActorCritic:

@@ -10,6 +10,7 @@
     ("pbt_copy_abandoned", p, source, why)                         a warning, and a line of PBT's decisions
     ("stack_file", name, fd)                     every child       where the stall watchdog reads its stack
     ("error", name, traceback, fatal)            every child       the runner's on_error (a crash)
+    other kinds                                                    their handler in `handlers`, if any (sf.eval's rows)
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class ReportReader:
         self.cfg, self.queue, self.stats, self.state = cfg, queue, stats, state
         self.stack_files, self.on_error = stack_files, on_error
         self.num_policies = cfg.num_policies
+        self.handlers: dict[str, Callable[[tuple], None]] = {}  # kind -> handler(message), for kinds not above
 
     def drain(self) -> None:
         """Read every report on the queue now."""
@@ -66,3 +68,5 @@ class ReportReader:
             self.stats.texts.append(("pbt/decisions", line))
         elif kind == "error":
             self.on_error(msg[1], msg[2], msg[3] if len(msg) > 3 else True)
+        elif kind in self.handlers:
+            self.handlers[kind](msg)

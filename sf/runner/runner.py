@@ -32,8 +32,10 @@ import torch
 from sf import distributed
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
-from sf.cfg import RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
+from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
+from sf.learning.appo import exploration_loss_problem
 from sf.learning.learner import checkpoint_meta, run_learner
+from sf.model.action_spaces import check_action_mask
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.control import add_leftover_hook, become_subreaper, kill_tree
 from sf.processes.fds import MAX_FDS_SENT, fds_sent
@@ -98,6 +100,8 @@ def run_training(cfg) -> int:
 
 
 class Runner:
+    stopping_note = "stopping (final checkpoint)"  # the console line of a first Ctrl-C / SIGTERM
+
     def __init__(self, cfg, world: distributed.World | None = None):
         """Checks only (sf/runner/preflight.py): the env runs, the model fits the checkpoint to resume, the run fits in
         memory. Nothing is written or allocated here (build() does that when the run starts). world: torchrun's ranks
@@ -109,6 +113,13 @@ class Runner:
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
+        problem = exploration_loss_problem(cfg, self.action_space)  # (the action space is known from here on)
+        if problem:
+            raise ConfigError(problem)
+        try:  # an env's "action_mask" that cannot mask its actions: one line, before anything is written
+            check_action_mask(self.obs_space, self.action_space)
+        except ValueError as e:
+            raise ConfigError(f"env {cfg.env}: {e}") from None
         self.num_policies, self.num_agents = cfg.num_policies, self.spec.num_agents
         with torch.device("meta"):  # shapes only: a model of absurd size is refused below before it is allocated
             model = create_actor_critic(cfg, self.obs_space, self.action_space)
@@ -454,7 +465,7 @@ class Runner:
                 if p.is_alive():
                     kill_tree(p)
             os._exit(130)
-        log.info("%s received: stopping (final checkpoint); press Ctrl-C again to exit at once", signal.Signals(signum).name)
+        log.info("%s received: %s; press Ctrl-C again to exit at once", signal.Signals(signum).name, self.stopping_note)
         self.state.request_stop()
 
     # --- stop ---

@@ -3,7 +3,8 @@
 TensorBoard tags follow Sample Factory's habits (one writer per policy, under train_dir/EXPERIMENT/):
     perf/_fps, perf/_sample_throughput, perf/fps_{10,60,300}s, perf/total_frames
     reward/reward{,_min,_max}, len/len{,_min,_max}, reward/score{,...} (unshaped game score)
-    train/{policy_loss,value_loss,entropy,kl_divergence,clip_fraction,grad_norm,learning_rate}
+    train/{policy_loss,value_loss,exploration_loss,kl_loss,entropy,kl_divergence,clip_fraction,grad_norm}
+    train/lr (the learning rate in force: --learning_rate as --lr_schedule has it)
     train/policy_lag_{min,avg,max} (SGD steps), train/masked_fraction, train/policy_version
     train/policy_lag_batches (hts/ppo modes: one point per training batch, the lag measured on its data)
     memory/rss_mb_{runner,rollout_workers,policy_workers,learner}
@@ -23,8 +24,8 @@ import numpy as np
 from tqdm import tqdm
 
 FPS_WINDOWS = (10, 60, 300)
-TRAIN_KEYS = ("policy_loss", "value_loss", "entropy", "kl_divergence", "clip_fraction", "grad_norm",
-              "learning_rate", "masked_fraction")
+TRAIN_KEYS = ("policy_loss", "value_loss", "exploration_loss", "kl_loss", "entropy", "kl_divergence", "clip_fraction",
+              "grad_norm", "lr", "masked_fraction")
 
 
 class PolicyStats:

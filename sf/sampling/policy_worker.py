@@ -42,7 +42,10 @@ class PolicyWorker:
         self.cfg, self.buffers, self.env_slots, self.queues = cfg, buffers, env_slots, queues
         self.policy_id = policy_id
         self.population = getattr(cfg, "num_policies", 1) > 1 and env_slots.shape[-1] > 2
-        self.sync = getattr(cfg, "sync_mode", "async") != "async"
+        # sf.eval (cfg._eval_plan) as hts/ppo: actions from each env's noise, the model run in fixed-size chunks
+        evaluating = getattr(cfg, "_eval_plan", None) is not None
+        self.sync = getattr(cfg, "sync_mode", "async") != "async" or evaluating
+        self.argmax = evaluating and bool(getattr(cfg, "eval_deterministic", False))  # sf.eval --deterministic
         self.chunk = getattr(cfg, "sync_inference_chunk", 8)
         seed = stream_seed(run_seed(cfg), POLICY_WORKER, policy_id, worker_idx)
         torch.manual_seed(seed)  # action sampling in async mode
@@ -155,7 +158,9 @@ class PolicyWorker:
             obs = {k: torch.from_numpy(v[obs_i]).to(self.device, non_blocking=True) for k, v in self.obs_flat.items()}
             logits, values, new_rnn = self._forward_chunked(obs, rnn) if self.sync else self.model.forward_step(obs, rnn)
         dist = self.model.action_distribution(logits)
-        if self.sync:
+        if self.argmax:
+            actions = dist.mode()
+        elif self.sync:
             actions = dist.sample(torch.from_numpy(out["action_noise"][step]).to(self.device, non_blocking=True))
         else:
             actions = dist.sample()

@@ -37,6 +37,10 @@ to a learner is marked in SharedState.slot_owner, inside a move (SharedState.mov
 env_slots is published at every step, so that the runner can reclaim a dead worker's slots and count exactly the frames
 they held (a slot of this worker that no agent's entry names is full). A replacement worker goes on counting this
 worker's frames.
+
+Evaluation (python -m sf.eval, cfg._eval_plan): no learner; each agent keeps one slot, its policy and episode quota
+come from the plan, its actions from its own noise, and its recorded episodes go to the runner as rows
+(sf/sampling/evaluation.py).
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ import torch
 from typing import Callable, Optional
 
 from sf.model.action_spaces import draw_action_noise
+from sf.sampling.evaluation import EVAL_REPORT, EvalEpisodes
 from sf.sampling.policy_mapping import PolicyMapping
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import slot_queued
@@ -94,11 +99,19 @@ class RolloutWorker:
         self._bind_shared_state(cfg, shared_state, env_slots)
         self._init_policy_mapping(cfg, shared_state)
         self._make_envs(cfg, shared_state)
+        # python -m sf.eval (sf/sampling/evaluation.py): each agent's policy, episode quota and recorded rows
+        plan = getattr(cfg, "_eval_plan", None)
+        self.eval = EvalEpisodes(plan, worker_idx, self.num_envs, self.A) if plan is not None else None
+        if self.eval is not None:
+            self.mapping = self.eval
         self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_agents + i) for i in range(self.num_agents)]
         self.discrete = self.actions_np.dtype == np.int64
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
         self.slot = np.zeros(self.num_agents, dtype=np.int64)
         self.t = np.zeros(self.num_agents, dtype=np.int64)
+        # whether each agent acts in its next step: an env may say info["is_active"] = False (a dead agent waiting for
+        # its env's episode to end, a player waiting for its turn); that step is then recorded as acted by no policy
+        self.active = np.ones(self.num_agents, dtype=bool)
         self.env_restarts = 0
         self.episodes: list[dict] = []
         self.last_report = time.time()
@@ -114,6 +127,7 @@ class RolloutWorker:
         self.final_obs_np = {k: v.numpy() for k, v in buffers.final_obs.items()}
         self.final_rnn_np, self.final_t_np = buffers.final_rnn.numpy(), buffers.final_t.numpy()
         self.rnn_np = buffers.rnn_states.numpy()
+        self.policy_ids_np = buffers.policy_ids.numpy()
 
     def _bind_shared_state(self, cfg, shared_state, env_slots: torch.Tensor) -> None:
         """The group intervals (hts/ppo), the request epoch, this worker's slot bookkeeping in SharedState, its row of
@@ -194,9 +208,10 @@ class RolloutWorker:
         """Reset every env, choose each agent's policy, take a slot for each agent, and request actions for every group."""
         for e, env in enumerate(self.envs):
             self.state.beat(self.heartbeat)
-            obs, _ = env.reset(seed=self._env_seed(e))
+            obs, infos = env.reset(seed=self._env_seed(e))
             for a, agent_obs in enumerate(obs if self.A > 1 else [obs]):
                 i = e * self.A + a
+                self.active[i] = (infos[a] if self.A > 1 else infos).get("is_active", True)
                 self._episode_start(i)
                 self.slot[i] = self._next_slot(i, interval=0)
                 self.slot_policy[i] = self.policy[i]
@@ -224,8 +239,11 @@ class RolloutWorker:
 
     def _next_slot(self, i: int, interval: int) -> int:
         """The slot agent i fills next, published as its current slot at step 0 (env_slots): fixed in hts/ppo modes,
-        any free one otherwise. Marks it as holding no final observation yet."""
-        if self.sync:
+        any free one otherwise (sf.eval: the agent's own, reused). Marks it as holding no final observation yet."""
+        if self.eval is not None:  # nothing goes to a learner: one slot per agent, filled again from step 0
+            slot = self.worker_idx * self.num_agents + i
+            self.agent_slots[i, :2] = slot, 0
+        elif self.sync:
             slot = (interval % 2) * self.total_agents + self.worker_idx * self.num_agents + i
             self.agent_slots[i, :2] = slot, 0
         else:
@@ -235,9 +253,9 @@ class RolloutWorker:
 
     def _request_actions(self, g: int) -> None:
         """Ask the policy workers of every policy playing an agent of group g for its actions at the agents' current
-        steps (hts/ppo: with each agent's noise)."""
+        steps (hts/ppo and sf.eval: with each agent's noise)."""
         lo, hi = g * self.group_size, (g + 1) * self.group_size
-        if self.sync:
+        if self.sync or self.eval is not None:
             for i in range(lo, hi):
                 draw_action_noise(self.envs[i // self.A].action_space, self.noise_rngs[i],
                                   self.noise_np[self.slot[i], self.t[i]])
@@ -360,15 +378,20 @@ class RolloutWorker:
         self.next_interval = self.interval[g] + 1
         if self.A == 1:
             for i, e in enumerate(range(lo, hi)):
-                slots[i], ts[i] = self._step_env(e, actions[i], slots[i], ts[i])
+                if self.eval is None or not self.eval.env_done(e):  # (sf.eval: an env that met its quota stays)
+                    slots[i], ts[i] = self._step_env(e, actions[i], slots[i], ts[i])
         else:
             for j, e in enumerate(range(g * self.envs_per_group, (g + 1) * self.envs_per_group)):
+                if self.eval is not None and self.eval.env_done(e):
+                    continue
                 k = j * self.A
                 slots[k:k + self.A], ts[k:k + self.A] = self._step_multiagent_env(e, actions[k:k + self.A],
                                                                                   slots[k:k + self.A], ts[k:k + self.A])
         self.slot[lo:hi], self.t[lo:hi] = slots, ts  # (env_slots: published by _record, step by step)
         self.frames += self.group_size * self.frameskip
         self._send_finished()
+        if self.eval is not None and self.eval.envs_done(g * self.envs_per_group, (g + 1) * self.envs_per_group):
+            return  # sf.eval: every env of the group met its quota
         if self.sync and ts[0] == 0:  # the group finished its interval (its envs step in lockstep)
             self.interval[g] += 1
             if self.state.sync_ready_batches() < self.interval[g]:
@@ -420,7 +443,12 @@ class RolloutWorker:
         obs: the observation after the step (after the reset when done); truncated: the episode was cut by a time limit
         (not terminated); final: the last observation of such an episode (None otherwise). Returns agent i's (slot, t)
         after the step."""
-        if done and "episode" in info:  # a real episode end (an Atari life loss is done without one)
+        if not self.active[i]:  # no policy acted (Sample Factory's is_active): learners mask it (policy id -1)
+            self.policy_ids_np[slot, t] = -1
+        self.active[i] = info.get("is_active", True)
+        if done and "episode" in info and self.eval is not None:
+            self.eval.episode_end(i, info["episode"], self._env_seed(i // self.A))
+        elif done and "episode" in info:  # a real episode end (an Atari life loss is done without one)
             report = {k: float(v) for k, v in info["episode"].items()}
             report["policy"] = float(self.policy[i])
             self.episodes.append(report)
@@ -442,7 +470,8 @@ class RolloutWorker:
             for k in self.obs_np:
                 self.obs_np[k][new_slot, 0] = self.obs_np[k][slot, self.T]
             self.rnn_np[new_slot, 0] = self.rnn_np[slot, self.T]
-            self.finished[self.slot_policy[i]].append(slot)
+            if self.eval is None:
+                self.finished[self.slot_policy[i]].append(slot)
             self.slot_policy[i] = self.policy[i]
             slot, t = new_slot, 0
         return slot, t
@@ -463,6 +492,10 @@ class RolloutWorker:
         if self.episodes and (force or now - self.last_report > EPISODE_REPORT_SEC):
             self.queues.report.put(("episodes", self.worker_idx, self.episodes))
             self.episodes = []
+            self.last_report = now
+        if self.eval is not None and self.eval.rows and (force or self.eval.all_done()
+                                                         or now - self.last_report > EPISODE_REPORT_SEC):
+            self.queues.report.put((EVAL_REPORT, self.worker_idx, self.eval.take_rows()))
             self.last_report = now
 
     def close(self) -> None:

@@ -176,7 +176,7 @@ def test_bad_values_rejected(tmp_path, flag, value, needle):
 
 @pytest.mark.parametrize("args, needle", [
     (["--encoder_mlp_layers", "64", "0"], "--encoder_mlp_layers entries must be in [1, 65536] (got [64, 0])"),
-    (["--encoder_mlp_layers", *["8"] * 65], "--encoder_mlp_layers must have 1 to 64 entries (got 65)"),
+    (["--encoder_mlp_layers", *["8"] * 65], "--encoder_mlp_layers must have 0 to 64 entries (got 65)"),
     (["--encoder_mlp_layers", "64", "x"], "--encoder_mlp_layers: expected an integer, got 'x'"),
     (["--num_workers", "200", "--num_envs_per_worker", "512", "--worker_num_splits", "2"], "at most 65536 envs"),
     (["--batch_size", str(2**24), "--num_batches_per_epoch", "2", "--rollout", "16"], "samples per training batch"),
@@ -297,7 +297,8 @@ def test_parse_cfg_writes_nothing(tmp_path):
     ('{"rollout": [16]}', "config.json: key 'rollout': expected an integer, got [16]"),
     ('{"encoder_mlp_layers": 64}', "config.json: key 'encoder_mlp_layers': expected a list of integers, got 64"),
     ('{"encoder_mlp_layers": [[64]]}', "config.json: key 'encoder_mlp_layers': expected an integer, got [64]"),
-    ('{"encoder_mlp_layers": []}', "config.json: key 'encoder_mlp_layers' must have 1 to 64 entries (got 0)"),
+    ('{"encoder_mlp_layers": [%s]}' % ", ".join(["8"] * 65),
+     "config.json: key 'encoder_mlp_layers' must have 0 to 64 entries (got 65)"),
     ('{"gamma": NaN}', "config.json: key 'gamma' must be a finite number in [0, 1] (got nan)"),
     ('{"gamma": Infinity}', "config.json: key 'gamma' must be a finite number"),
     ('{"gamma": 50}', "config.json: key 'gamma' must be in [0, 1] (got 50.0)"),

@@ -144,7 +144,7 @@ ISSUE = ["python train.py --env=doom_battle --algo=APPO --env_frameskip=4 --use_
          "--experiment=doom_battle_w20_v20"]
 
 ACCEPTED = SF2_VIZDOOM + SF2_VIZDOOM_PBT + SF2_ATARI + SF2_BASIC + SF1_README + SF1_README_PBT + ISSUE
-REFUSED = SF2_DMLAB_PBT + SF2_HF + SF1_README_REFUSED  # ResNet encoders, DMLab's objective, Hub uploads, DUMMY_SAMPLER
+REFUSED = SF2_DMLAB_PBT + SF2_HF + SF1_README_REFUSED  # DMLab's objective, Hub uploads, custom encoders, DUMMY_SAMPLER
 PARAMS = {p.name: p for p in all_params()}
 ALIASES = {f.name: f for f in SF_FLAGS if f.kind == "alias"}
 
@@ -219,7 +219,7 @@ def _parse(tmp_path, *args, env="test_corridor", mode="train"):
     (["--res_h=64"], "doom_res_h", 64),
     (["--env_framestack=2"], "atari_framestack", 2),
     (["--encoder_subtype=convnet_atari"], "encoder_conv_architecture", "convnet_atari"),
-    (["--encoder_conv_mlp_layers", "256"], "hidden_size", 256),
+    (["--encoder_subtype=resnet_impala"], "encoder_conv_architecture", "resnet_impala"),
     (["--num_bots=3"], "doom_num_bots", 3),
     (["--num_bots=-1"], "doom_num_bots", None),  # SF's "the scenario's default"
     (["--timelimit=2.5"], "doom_bots_timelimit", 2.5),
@@ -262,8 +262,8 @@ def test_alias_wins_over_the_preset_and_the_saved_config(tmp_path):
     (["--ppo_epochs=0"], "--ppo_epochs must be in [1, 1024] (got 0)"),  # checked as the target, named as given
     (["--res_w=abc"], "--res_w: expected an integer, got 'abc'"),
     (["--async_rl=maybe"], "--async_rl: expected True or False, got 'maybe'"),
-    (["--encoder_conv_mlp_layers", "512", "512"], "--encoder_conv_mlp_layers must be one layer here"),
-    (["--encoder_subtype=resnet_impala"], "--encoder_subtype must be one of auto, convnet_simple, convnet_atari"),
+    (["--encoder_subtype=resnet"], "--encoder_subtype must be one of auto, convnet_simple, convnet_impala, "
+                                   "convnet_atari, resnet_impala"),
 ])
 def test_alias_mistakes_are_one_line(tmp_path, args, needle):
     with pytest.raises(ConfigError) as e:
@@ -287,14 +287,10 @@ def test_refused_flags_one_line_exit_2(entry, tmp_path, script, args, needle):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--exploration_loss=symmetric_kl"], "--exploration_loss symmetric_kl: only the entropy bonus"),
-    (["--kl_loss_coeff=0.1"], "--kl_loss_coeff 0.1: a KL penalty is not implemented"),
-    (["--lr_schedule=kl_adaptive_epoch"], "--lr_schedule kl_adaptive_epoch: only a constant --learning_rate"),
     (["--wide_aspect_ratio=True"], "--wide_aspect_ratio True: the game renders 4:3"),
     (["--num_agents=2"], "--num_agents 2: the env decides how many agents it hosts"),
-    (["--rnn_num_layers=2"], "--rnn_num_layers 2: the recurrent core has one layer here"),
     (["--decoder_mlp_layers", "64"], "--decoder_mlp_layers 64: no layers between the core and the heads"),
-    (["--encoder_type=resnet"], "--encoder_type resnet: resnet encoders are not implemented"),
+    (["--encoder_type=transformer"], "--encoder_type transformer: conv, mlp or resnet"),
     (["--pbt_optimize_batch_size"], "--pbt_optimize_batch_size True:"),  # a bare boolean flag means True, as in SF
     (["--num_policies=x"], "--num_policies: expected an integer, got 'x'"),
 ])
@@ -316,7 +312,7 @@ def test_supported_values_of_selecting_flags_are_accepted_silently(tmp_path):
 def test_ignored_flags_are_noted_not_stored(tmp_path):
     cfg = _parse(tmp_path, "--benchmark", "--summaries_use_frameskip=False", "--decorrelate_experience_max_seconds=120",
                  "--decorrelate_envs_on_one_worker=True", "--num_batches_to_accumulate=2",
-                 "--actor_worker_gpus", "0", "1", "--obs_scale=255.0")
+                 "--actor_worker_gpus", "0", "1")
     notes = cfg._notes
     assert "--benchmark True: ignored; Sample Factory's benchmark mode; see --sampler_only, --random_policy" in notes
     assert any(n.startswith("--summaries_use_frameskip False: ignored; ") for n in notes), notes

@@ -10,10 +10,16 @@ def cfg_for(name, data=None, **kw):
     return env_cfg(name, seed=kw.pop("seed", 1), doom_scenarios_dir=data, **kw)
 
 
+def random_action(env, obs):
+    """A random action of `env`'s space, among the valid ones where `obs` is a dict with an "action_mask" (a Discrete
+    space)."""
+    return env.action_space.sample(mask=obs.get("action_mask") if isinstance(obs, dict) else None)
+
+
 def check_contract(env, steps=30):
     """Spaces and step() of the env contract (docs/architecture.md)."""
     assert isinstance(env.observation_space, gym.spaces.Dict) and "obs" in env.observation_space.spaces
-    assert set(env.observation_space.spaces) <= {"obs", "measurements"}
+    assert set(env.observation_space.spaces) <= {"obs", "measurements", "action_mask"}
     o_space = env.observation_space["obs"]
     assert (o_space.dtype == np.uint8 and len(o_space.shape) == 3) or (o_space.dtype == np.float32 and len(o_space.shape) == 1)
     if "measurements" in env.observation_space.spaces:
@@ -25,7 +31,7 @@ def check_contract(env, steps=30):
     for _ in range(steps):
         for k, space in env.observation_space.spaces.items():
             assert obs[k].shape == space.shape and obs[k].dtype == space.dtype, k
-        obs, r, terminated, truncated, info = env.step(env.action_space.sample())
+        obs, r, terminated, truncated, info = env.step(random_action(env, obs))
         assert isinstance(r, float) and isinstance(terminated, bool) and isinstance(truncated, bool)
         if terminated or truncated:
             if "episode" in info:

@@ -10,6 +10,8 @@ from sf_envs.params import env_cfg
 from sf_envs.registry import make_env
 from sf_envs.test_envs import TEST_ENVS
 
+from env_test_helpers import random_action
+
 
 class Toy(gym.Env):
     """Random rewards, episodes of 1-12 steps ending terminated or truncated; `own` reports its own info["episode"];
@@ -39,17 +41,17 @@ def naive_episodes(env, episodes, seed=0, cut_at=None):
     """(naive [(reward sum, steps)], reported [info["episode"]]) over `episodes` episodes of random actions; with
     cut_at, every other episode is also cut by a reset() after that many steps (a cut episode reports nothing)."""
     env.action_space.seed(seed)
-    env.reset(seed=seed)
+    obs, _ = env.reset(seed=seed)
     naive, reported, total, steps, attempt = [], [], 0.0, 0, 0
     while len(reported) < episodes:
-        _, r, term, trunc, info = env.step(env.action_space.sample())
+        obs, r, term, trunc, info = env.step(random_action(env, obs))
         total, steps = total + r, steps + 1
         assert ("episode" in info) == (term or trunc)
         if term or trunc:
             naive.append((total, steps))
             reported.append(info["episode"])
         if term or trunc or (cut_at and attempt % 2 == 1 and steps == cut_at):
-            env.reset()
+            obs, _ = env.reset()
             total, steps, attempt = 0.0, 0, attempt + 1
     return naive, reported
 

@@ -6,7 +6,7 @@ from sf_envs.params import env_cfg
 from sf_envs.registry import make_env
 from sf_envs.test_envs import TEST_ENVS
 
-from env_test_helpers import check_contract
+from env_test_helpers import check_contract, random_action
 
 SINGLE = [n for n, cls in TEST_ENVS.items() if getattr(cls, "NUM_AGENTS", 1) == 1]
 
@@ -40,6 +40,8 @@ def optimal(name):
                 mem["cue"] = int(np.argmax(o[:2]))
             return mem["cue"]
         return policy
+    if name == "test_masked":
+        return lambda env, obs: int(np.argmax(obs["obs"]))
 
 
 @pytest.mark.parametrize("name", SINGLE)
@@ -55,10 +57,10 @@ def test_contract_and_optimal_return(name):
 
 
 @pytest.mark.parametrize("name, expected", [("test_corridor", -0.26), ("test_image", 6.67), ("test_box", 5.33),
-                                            ("test_memory", 0.5)])
+                                            ("test_memory", 0.5), ("test_masked", 9.78)])
 def test_random_policy_is_far_from_optimal(name, expected):
     env = make_env(env_cfg(name, seed=0))
-    returns, _ = rollout(env, lambda env, obs: env.action_space.sample(), 300, seed=2)
+    returns, _ = rollout(env, random_action, 300, seed=2)
     env.action_space.seed(0)
     if expected is not None:
         assert abs(returns.mean() - expected) < 0.15 * max(1.0, expected), returns.mean()
@@ -73,7 +75,7 @@ def test_deterministic_given_seed(name):
         obs, _ = env.reset(seed=None if use_cfg_seed else seed)
         out = [obs["obs"].copy()]
         for _ in range(40):
-            obs, r, term, trunc, _ = env.step(env.action_space.sample())
+            obs, r, term, trunc, _ = env.step(random_action(env, obs))
             out += [obs["obs"].copy(), np.array([r])]
             if term or trunc:
                 obs, _ = env.reset()

@@ -91,7 +91,7 @@ def test_versions_callbacks_and_stats():
         for k in STAT_KEYS:
             assert isinstance(s[k], float), k
         assert s["num_samples"] == 4 * 8
-        assert s["learning_rate"] == pytest.approx(cfg.learning_rate)
+        assert s["lr"] == pytest.approx(cfg.learning_rate)
         assert s["grad_norm"] > 0
     # the behaviour policy is the learner's: lag = version at each step - 0
     assert [s["lag_min"] for s in stats] == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]

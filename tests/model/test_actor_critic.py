@@ -122,7 +122,7 @@ def test_lstm_state_packing():
 def test_uint8_scaling_and_cpu_blocks():
     """The encoder on uint8 frames equals the plain conv stack on frames / 255; blocking changes nothing."""
     torch.manual_seed(0)
-    enc = ConvEncoder((3, 72, 128), "convnet_simple", 32, "elu")
+    enc = ConvEncoder((3, 72, 128), "convnet_simple", [32], "elu")
     x = torch.randint(0, 256, (7, 3, 72, 128), dtype=torch.uint8)
     y = x.float() / 255.0
     for conv in enc.convs:
