@@ -1,0 +1,383 @@
+"""Evaluate a trained experiment: a fixed number of episodes in parallel, one CSV row per episode, the mean return with
+its confidence interval per policy.
+
+    python -m sf.eval train_dir/NAME --episodes 1000 [--num_workers N] [--num_envs_per_worker K] [--deterministic]
+                      [--seed S] [--csv FILE] [--policy P] [--load_checkpoint_kind latest|best] [--device D]
+    python -m sf.eval NAME --train_dir DIR --episodes 1000
+
+The episodes run on the processes of training's sampler (rollout workers and policy workers, started, supervised and
+stopped by the runner's lifecycle: a first Ctrl-C stops every process and writes nothing, a second one kills them at
+once) without its learners: each policy's weights come from its checkpoint (enjoy.py's load_policy) and are published
+once into the shared weights. The layout defaults to the experiment's (config.json); the model, env and its
+parameters are the experiment's.
+
+Policies. Every policy of a population plays (agent i of the run, counted over rollout workers, envs and agents, is
+played by policy i % num_policies: --policy_mapping fixed, so a multi-agent env such as test_race or doom_duel plays a
+match between policies), or only --policy P (every agent). Each policy that plays is evaluated on --episodes episodes.
+
+Repeatability: the same flags (seed, layout, checkpoint) give the same CSV but for its wall_time column. Every env is
+seeded from --seed (sf/seeding.py's ENV stream; env_seed is the seed of its first reset, its later episodes follow
+from it), every agent draws the noise of its actions from its own stream (ACTION_NOISE; --deterministic: the most
+likely action instead) and the policy workers run the model on fixed-size chunks of rows, so no action depends on how
+requests were batched; and which episodes count is fixed in advance: each agent records its first episodes up to a
+quota (sf/sampling/evaluation.py), an episode still running when its agent met the quota is discarded.
+
+CSV (default EXPERIMENT_DIR/eval_<checkpoint>_seed<S>_<episodes>ep[_argmax][_p<P>].csv, written atomically once every
+episode is in): episode (0.. in the order of the rows: by policy, then agent of the run, then time), policy, agent (its
+index in its env), env_seed, return (the env's episode reward, unshaped units as training reports them), length (env
+frames), true_objective (the win where the env reports wins, else the game score, else empty), wall_time (seconds the
+episode took). Printed per policy: the mean return, the sample standard deviation and a 95% confidence interval
+mean +- t(0.975, n-1) * std / sqrt(n) (Student's t).
+
+Bad input (a missing or foreign experiment directory, --episodes below 1, a --csv that cannot be written, --policy out
+of range, ...) is one line on stderr and exit code 2, before anything runs or is written.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from sf.cfg import (ConfigError, OneLineArgumentParser, Param, RunError, experiment_dir, optional_int, parse_cfg,
+                    run_guarded, str2bool, verify)
+from sf.cfg.params import PARAMS
+from sf.cfg.validate import from_command_line
+from sf.export import experiment_env, experiment_path
+from sf.sampling.evaluation import EVAL_REPORT, EvalPlan
+from sf.utils.files import temp_path, write_text_atomic
+
+# torch, the runner and the envs are imported where used: --help and bad flags answer at once.
+
+COLUMNS = ("episode", "policy", "agent", "env_seed", "return", "length", "true_objective", "wall_time")
+CONFIDENCE = 0.95
+_TABLE = {p.name: p for p in PARAMS}
+# sf.eval's own flags, checked like the table's (one line naming the flag and the valid range)
+EPISODES = Param("episodes", int, None, "Episodes per policy that plays", min_value=1, max_value=10**9)
+POLICY = Param("policy", optional_int, None, "Evaluate only this policy of the population (it plays every agent)",
+               min_value=0, max_value=63)
+SEED = Param("seed", int, 0, "Seed of the envs and of the action noise", min_value=0, max_value=2**32 - 1)
+DETERMINISTIC = Param("deterministic", str2bool, False, "Take the most likely action instead of sampling")
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = OneLineArgumentParser(prog=prog, allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser.add_argument("experiment", metavar="EXPERIMENT",
+                        help="the experiment directory (train_dir/NAME), or its NAME with --train_dir")
+    parser.add_argument("--episodes", required=True, help=f"{EPISODES.help}; range [1, 1e9]")
+    parser.add_argument("--num_workers", help="rollout worker processes (default: the experiment's)")
+    parser.add_argument("--num_envs_per_worker", help="envs per rollout worker (default: the experiment's)")
+    parser.add_argument("--deterministic", nargs="?", const="True", default="False", help=DETERMINISTIC.help)
+    parser.add_argument("--seed", default="0", help=f"{SEED.help}; range [0, {2**32 - 1}] (default: 0)")
+    parser.add_argument("--csv", help="the CSV to write (default: EXPERIMENT_DIR/eval_<checkpoint>_seed<S>_<N>ep...csv)")
+    parser.add_argument("--policy", help=POLICY.help)
+    parser.add_argument("--train_dir", help="the directory of experiments holding EXPERIMENT (a name then)")
+    parser.add_argument("--load_checkpoint_kind", default="latest", help="checkpoint to load: latest or best")
+    parser.add_argument("--device", help="auto, cpu or cuda (default: the experiment's)")
+    return parser
+
+
+# --- the configuration -------------------------------------------------------------------------------------------
+def resolve(args: argparse.Namespace, prog: str):
+    """(cfg, with its EvalPlan as cfg._eval_plan; the CSV's path) from the command line and the experiment's
+    config.json; every check of the input, in one line each (ConfigError), before anything runs or is written."""
+    episodes = from_command_line(EPISODES, args.episodes)
+    policy = from_command_line(POLICY, args.policy)
+    deterministic = from_command_line(DETERMINISTIC, args.deterministic)
+    seed = from_command_line(SEED, args.seed)  # (never None: the episodes must be repeatable)
+    exp_dir = experiment_path(args.experiment, args.train_dir)
+    env = experiment_env(exp_dir)
+    argv = ["--env", env, "--experiment", exp_dir.name, "--train_dir", str(exp_dir.parent), "--seed", str(seed),
+            "--load_checkpoint_kind", args.load_checkpoint_kind, "--eval_deterministic", str(deterministic)]
+    if args.device is not None:
+        argv += ["--device", args.device]
+    cfg = parse_cfg(argv, mode="enjoy", prog=prog)
+    for name in ("num_workers", "num_envs_per_worker"):  # training's flags: checked as train.py checks them
+        if getattr(args, name) is not None:
+            setattr(cfg, name, from_command_line(_TABLE[name], getattr(args, name)))
+    # the sampler alone: no learner, PBT, W&B, serial mode or self-healing (a replaced worker would replay episodes)
+    cfg.sync_mode, cfg.sampler_only, cfg.random_policy, cfg.serial_mode = "async", False, False, False
+    cfg.with_pbt, cfg.with_wandb, cfg.max_restarts_per_hour = False, False, 0
+    verify(cfg, "enjoy")
+    if policy is not None and policy >= cfg.num_policies:
+        have = "policy 0" if cfg.num_policies == 1 else f"policies 0-{cfg.num_policies - 1}"
+        raise ConfigError(f"--policy {policy}: the experiment has {have} (--num_policies {cfg.num_policies})")
+    from sf_envs.registry import env_spec
+    agents_per_env = env_spec(cfg.env, cfg).num_agents
+    num_agents = cfg.num_workers * cfg.num_envs_per_worker * agents_per_env
+    playing = 1 if policy is not None else cfg.num_policies
+    if num_agents < playing:
+        raise ConfigError(f"{cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} envs x {agents_per_env} "
+                          f"agents cannot play all {playing} policies: raise --num_envs_per_worker or --num_workers, or "
+                          "evaluate one policy with --policy")
+    cfg._eval_plan = EvalPlan.make(num_agents, cfg.num_policies, episodes, policy)
+    # the policy workers run the model on chunks of this many rows (fixed bits whatever the batching): one group's
+    # agents of one policy, so that a request is one chunk
+    group = cfg.num_envs_per_worker // cfg.worker_num_splits * agents_per_env
+    cfg.sync_inference_chunk = max(1, -(-group // playing))
+    name = (f"eval_{cfg.load_checkpoint_kind}_seed{cfg.seed}_{episodes}ep{'_argmax' if deterministic else ''}"
+            f"{'' if policy is None else f'_p{policy}'}.csv")
+    path = Path(args.csv) if args.csv is not None else exp_dir / name
+    check_csv_path(path, "--csv" if args.csv is not None else "the CSV")
+    return cfg, path
+
+
+def check_csv_path(path: Path, flag: str) -> None:
+    """Whether `path` can be written (a file created beside it, then removed); ConfigError naming the flag if not."""
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; give a file name in it, such as {path / 'eval.csv'}")
+    probe = temp_path(path)
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path} cannot be written: {e.strerror or e} (in directory {path.parent})") from None
+
+
+# --- statistics ------------------------------------------------------------------------------------------------
+def _t_two_sided(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with df degrees of freedom (integer df: Abramowitz & Stegun 26.7.3-4)."""
+    theta = math.atan(t / math.sqrt(df))
+    c = math.cos(theta) ** 2
+    term = total = 1.0
+    if df % 2:
+        for k in range(1, (df - 1) // 2):
+            term *= c * (2 * k) / (2 * k + 1)
+            total += term
+        return 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
+    for k in range(1, df // 2):
+        term *= c * (2 * k - 1) / (2 * k)
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The quantile of Student's t: t with P(T <= t) = p (0.5 < p < 1), df >= 1 degrees of freedom. Exact (bisection
+    on the distribution function) up to 200 degrees of freedom, the Cornish-Fisher series (A&S 26.7.5, error below
+    1e-9) above."""
+    if df > 200:
+        from statistics import NormalDist
+        z = NormalDist().inv_cdf(p)
+        g = [(z**3 + z) / 4, (5 * z**5 + 16 * z**3 + 3 * z) / 96, (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+             (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160]
+        return z + sum(gi / df ** (i + 1) for i, gi in enumerate(g))
+    target, lo, hi = 2 * p - 1, 0.0, 1.0
+    while _t_two_sided(hi, df) < target:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_two_sided(mid, df) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def summarize(returns: list[float]) -> tuple[float, float, float, float]:
+    """(mean, sample standard deviation, CI low, CI high) of the returns: mean +- t(0.975, n-1) * std / sqrt(n); NaN
+    where n is too small (std and CI need 2 episodes)."""
+    n = len(returns)
+    mean = math.fsum(returns) / n
+    if n < 2:
+        return mean, math.nan, math.nan, math.nan
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in returns) / (n - 1))
+    half = t_quantile((1 + CONFIDENCE) / 2, n - 1) * std / math.sqrt(n)
+    return mean, std, mean - half, mean + half
+
+
+# --- the run -----------------------------------------------------------------------------------------------------
+def _evaluator_class():
+    """The Evaluator (a Runner without learners), defined where first needed: importing the runner imports torch."""
+    import psutil
+    import torch
+
+    from sf.buffers.shared_weights import SharedWeights
+    from sf.buffers.trajectory_buffers import TrajectoryBuffers
+    from sf.cfg import resolve_device
+    from sf.enjoy import load_policy
+    from sf.processes.control import add_leftover_hook, become_subreaper
+    from sf.processes.shared_state import SharedState
+    from sf.runner.population import fill_shared, initial_hyperparams
+    from sf.runner.preflight import check_memory, probe_env
+    from sf.runner.queues import make_queues
+    from sf.runner.runner import Runner, log
+    from sf.runner.supervision import kill_adopted, worker_context
+    from sf.distributed import World
+    from sf_envs.registry import env_spec, process_leftover_files
+
+    class Evaluator(Runner):
+        """Training's sampler without its learners (see the module docstring): rollout workers and policy workers of
+        the policies that play, the weights published once from the checkpoints, the rows of the episodes gathered
+        from the report queue until every agent met its quota."""
+        stopping_note = "stopping the evaluation (no CSV is written)"
+
+        def __init__(self, cfg):
+            """Checks only, as Runner's: the env runs, every policy that plays has a checkpoint that fits the model,
+            the run fits in memory."""
+            self.cfg, self.plan, self.exp_dir, self.world = cfg, cfg._eval_plan, experiment_dir(cfg), World()
+            add_leftover_hook(process_leftover_files)
+            self.device = resolve_device(cfg)
+            self.spec = env_spec(cfg.env, cfg)
+            self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
+            self.num_policies, self.num_agents = cfg.num_policies, self.spec.num_agents
+            self.policies = sorted(set(self.plan.players))
+            self.models = {p: load_policy(cfg, self.obs_space, self.action_space, torch.device("cpu"), p)
+                           for p in self.policies}
+            model = self.models[self.policies[0]][0]
+            self.rnn_state_size = model.rnn_state_size
+            self.num_slots = len(self.plan.quotas)  # one per agent, reused (sf/sampling/evaluation.py)
+            self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, cfg.rollout, self.obs_space,
+                                                               self.action_space, self.rnn_state_size)
+            check_memory(cfg, self.buffer_bytes, sum(t.numel() * t.element_size() for t in model.state_dict().values()),
+                         env_bytes)
+            self.lock = self.population = None
+            self.rows: list[dict] = []
+            self.sampling_since = self.done_at = None
+
+        def build(self) -> None:
+            cfg, P = self.cfg, self.num_policies
+            self.buffers = TrajectoryBuffers(self.num_slots, cfg.rollout, self.obs_space, self.action_space,
+                                             self.rnn_state_size)
+            self.weights = [None] * P
+            for p, (model, state) in self.models.items():
+                self.weights[p] = SharedWeights(model, self.device)
+                self.weights[p].publish(model, max(0, int(state["policy_version"])))
+            self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping),
+                                     self.num_slots)
+            self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker * self.num_agents, 3),
+                                         dtype=torch.int64).share_memory_()
+            self.queues = make_queues(cfg, P, self.num_slots)
+            fill_shared(self.state, [initial_hyperparams(cfg, self.shaping)] * P)
+            self.stats = None  # (no statistics, no TensorBoard: nothing is written but the CSV)
+            self._build_supervision()
+            self.reports.handlers[EVAL_REPORT] = self._add_rows
+
+        def _add_rows(self, msg: tuple) -> None:
+            self.rows += msg[2]
+            if len(self.rows) >= self.plan.total and self.done_at is None:
+                self.done_at = time.time()
+
+        def start_processes(self, context=None) -> None:
+            self.context = context or worker_context(self.env_modules)
+            self.own_children = {c.pid for c in psutil.Process().children()}
+            for p in self.policies:
+                for i in range(self.cfg.policy_workers_per_policy):
+                    self._start_policy_worker(p, i)
+            for w in range(self.cfg.num_workers):
+                self._start_rollout_worker(w)
+
+        def supervise(self, start: float) -> None:
+            last_report = self.sampling_since = start  # (then: the moment every process had started)
+            started = False
+            while not self.state.stopping():
+                if not started and all(self.state.has_started(n) for n in self.procs):
+                    self.sampling_since, started = time.time(), True
+                self.reports.drain()
+                if self.done_at is not None or not self._check_processes() or not self._check_stalls():
+                    return
+                if time.time() - last_report >= self.cfg.report_interval_sec:
+                    log.info("Evaluated %d of %d episodes", len(self.rows), self.plan.total)
+                    last_report = time.time()
+                time.sleep(0.02)
+
+        def run(self) -> int:
+            """Start, supervise and stop the processes (Runner.run without learners, statistics or checkpoints);
+            returns the exit code: 0 with every row in, 130 stopped by a signal, 1 a process failed."""
+            try:
+                self.build()
+            except (OSError, RuntimeError) as e:  # /dev/shm or memory exhausted by something else meanwhile
+                raise RunError(f"cannot allocate the run's shared memory: {e}") from None
+            old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                become_subreaper()
+                try:
+                    self.start_processes()
+                    self.supervise(time.time())
+                finally:
+                    self.stop_processes()
+                    kill_adopted(self.own_children)
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+                self.reports.drain()
+                self.close_queues()
+            if self.done_at is not None and self.exit_code == 0:
+                return 0
+            return 130 if self.interrupts else 1
+
+    return Evaluator
+
+
+def rows_of(rows: list[dict], agents_per_env: int) -> list[dict]:
+    """The CSV's rows from the workers' (sf/sampling/evaluation.py): sorted by policy, agent of the run and the
+    agent's episode index, numbered."""
+    out = []
+    for n, r in enumerate(sorted(rows, key=lambda r: (r["policy"], r["agent"], r["index"]))):
+        out.append({"episode": n, "policy": r["policy"], "agent": r["agent"] % agents_per_env,
+                    "env_seed": r["env_seed"], "return": repr(r["return"]), "length": r["length"],
+                    "true_objective": "" if r["true_objective"] is None else repr(r["true_objective"]),
+                    "wall_time": f"{r['wall_time']:.3f}"})
+    return out
+
+
+def csv_text(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def report(rows: list[dict], path: Path, evaluator) -> None:
+    """The console's summary: throughput, then per policy the mean return, its std and confidence interval."""
+    frames = sum(int(r["length"]) for r in rows)
+    seconds = max(evaluator.done_at - evaluator.sampling_since, 1e-9)
+    print(f"Evaluated {len(rows)} episodes ({frames} env frames) in {seconds:.1f} s: {frames / seconds:.0f} env "
+          f"frames/s (from the moment every process had started to the last episode)")
+    for p in sorted({r["policy"] for r in rows}):
+        mine = [r for r in rows if r["policy"] == p]
+        mean, std, lo, hi = summarize([float(r["return"]) for r in mine])
+        objective = [float(r["true_objective"]) for r in mine if r["true_objective"] != ""]
+        extra = f", true objective mean {math.fsum(objective) / len(objective):.6g}" if objective else ""
+        print(f"Policy {p}: {len(mine)} episodes, return mean {mean:.6g}, std {std:.6g}, "
+              f"{CONFIDENCE:.0%} CI [{lo:.6g}, {hi:.6g}] (Student's t, {len(mine) - 1} degrees of freedom){extra}")
+    print(f"CSV: {path}")
+
+
+def run_eval(args: argparse.Namespace, prog: str) -> int:
+    cfg, path = resolve(args, prog)
+    evaluator = _evaluator_class()(cfg)  # the last checks: the env, the checkpoints, memory
+    import logging
+
+    from sf.runner.preflight import report_background_errors, setup_logging
+    logging.getLogger().removeHandler(setup_logging())  # the console only: nothing goes to the experiment directory
+    report_background_errors()
+    plan = cfg._eval_plan
+    print(f"Evaluating {evaluator.exp_dir} ({cfg.load_checkpoint_kind} checkpoint): {plan.total // len(evaluator.policies)}"
+          f" episodes of each of policies {', '.join(map(str, evaluator.policies))} on {cfg.num_workers} rollout "
+          f"workers x {cfg.num_envs_per_worker} envs, seed {cfg.seed}, "
+          f"{'the most likely actions' if cfg.eval_deterministic else 'sampled actions'}", flush=True)
+    code = evaluator.run()
+    if code != 0:
+        what = "interrupted" if code == 130 else "failed (see the lines above)"
+        print(f"{prog}: evaluation {what} after {len(evaluator.rows)} of {plan.total} episodes; no CSV written",
+              file=sys.stderr)
+        return code
+    rows = rows_of(evaluator.rows, evaluator.num_agents)
+    try:
+        write_text_atomic(path, csv_text(rows))
+    except OSError as e:
+        raise RunError(f"cannot write {path}: {e.strerror or e}") from None
+    report(rows, path, evaluator)
+    return 0
+
+
+def main(argv=None, *, prog: str = "python -m sf.eval") -> int:
+    """Bad input: one line on stderr, exit code 2; an I/O failure: one line, exit code 1."""
+    return run_guarded(prog, lambda: run_eval(build_parser(prog).parse_args(argv), prog))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
