@@ -3,13 +3,28 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+SF_VENV  := .venv-sf
+SF_PY    := $(SF_VENV)/bin/python
+SF_STAMP := $(SF_VENV)/.installed
 # A budget in env frames: the same amount of experience on any machine (the final log line says how long it took);
 # override it: make train TRAIN_ARGS="--env doom_basic --experiment quickstart --train_for_seconds 300"
 TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_env_steps 400000
 
-.PHONY: setup train test test-fast test-slow test-gpu bench clean
+.PHONY: setup setup-sf train test test-fast test-slow test-gpu bench clean
 
 setup: $(STAMP)
+
+# Sample Factory 2.1.1 in a venv of its own: the reference that tests/test_import_sf.py checks imported experiments
+# against (not a dependency of the package; those tests skip, saying why, without it). A failure (offline, say) is a
+# warning and leaves no half-made venv; the rest of the set-up stands.
+setup-sf: $(SF_STAMP)
+
+$(SF_STAMP):
+	@new=; test -x $(SF_PY) || { $(PYTHON) -m venv $(SF_VENV) && new=1; }; \
+	if { $(SF_PY) -c "import torch" 2>/dev/null || $(SF_PY) -m pip install -q torch==2.13.0; } && \
+	   $(SF_PY) -m pip install -q sample-factory==2.1.1 "numpy<2" "gymnasium<1.0" vizdoom ale-py; then touch $@; \
+	else [ -z "$$new" ] || rm -rf $(SF_VENV); \
+	  echo "warning: $(SF_VENV) (Sample Factory 2.1.1, tests/test_import_sf.py's reference) not set up; they skip"; fi
 
 # torch is pinned first when absent: an unpinned torch would pull a multi-GB CUDA build on CPU machines.
 $(STAMP): setup.py pyproject.toml $(wildcard cpp/ipc/*.cpp cpp/ipc/*.h)
@@ -30,7 +45,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard cpp/ipc/*.cpp cpp/ipc/*.h)
 train: setup
 	$(PY) train.py $(TRAIN_ARGS)
 
-test: setup
+test: setup setup-sf
 	$(PY) -m pytest -q
 
 # the fast loop: no test that starts processes (marker e2e)

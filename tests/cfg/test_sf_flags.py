@@ -81,6 +81,15 @@ SF2_DMLAB_PBT = [
     "--dmlab30_dataset=~/datasets/brady_konkle_oliva2008 --dmlab_use_level_cache=True "
     "--dmlab_level_cache_path=/home/user/dmlab_cache",
 ]
+# Sample Factory 2.x docs, "MuJoCo" page (docs/09-environment-integrations/mujoco.md) and the commands its model
+# cards give; its flags with their MuJoCo semantics (continuous actions, the preset's schedule and KL penalty)
+SF2_MUJOCO = [
+    "python -m sf_examples.mujoco.train_mujoco --algo=APPO --env=mujoco_ant --experiment=Ant",
+    "python -m sf_examples.mujoco.enjoy_mujoco --algo=APPO --env=mujoco_ant --experiment=Ant",
+    "python -m sf_examples.mujoco.train_mujoco --algo=APPO --env=mujoco_halfcheetah --train_dir=./train_dir "
+    "--experiment=HalfCheetah --lr_schedule=linear_decay --kl_loss_coeff=0.1 --adaptive_stddev=False "
+    "--policy_initialization=torch_default --value_bootstrap=True --normalize_input=True --normalize_returns=True",
+]
 # Sample Factory 2.x docs, "Basic Usage" (docs/01-get-started/basic-usage.md) and "Weights and Biases"
 # (docs/05-monitoring/wandb.md) pages
 SF2_BASIC = [
@@ -143,7 +152,7 @@ ISSUE = ["python train.py --env=doom_battle --algo=APPO --env_frameskip=4 --use_
          "--wide_aspect_ratio=False --num_workers=20 --num_envs_per_worker=20 --num_policies=1 "
          "--experiment=doom_battle_w20_v20"]
 
-ACCEPTED = SF2_VIZDOOM + SF2_VIZDOOM_PBT + SF2_ATARI + SF2_BASIC + SF1_README + SF1_README_PBT + ISSUE
+ACCEPTED = SF2_VIZDOOM + SF2_VIZDOOM_PBT + SF2_ATARI + SF2_MUJOCO + SF2_BASIC + SF1_README + SF1_README_PBT + ISSUE
 REFUSED = SF2_DMLAB_PBT + SF2_HF + SF1_README_REFUSED  # DMLab's objective, Hub uploads, custom encoders, DUMMY_SAMPLER
 PARAMS = {p.name: p for p in all_params()}
 ALIASES = {f.name: f for f in SF_FLAGS if f.kind == "alias"}
