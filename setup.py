@@ -1,8 +1,9 @@
 """Build and install the `sf` training system, its env integrations and the C++ IPC queue.
 
-Plain setuptools: `pip install -e .[doom,atari,dev]` compiles cpp/ with the system's C++ compiler; `pip install .`
-or a wheel (`pip wheel --no-deps .`) hold the same: the packages sf and sf_envs, the compiled sf.ipc._cqueue, and the
-presets of configs/ as the package data `sf_configs` (sf/cfg/parse.py finds them there when installed, in configs/ in a
+Plain setuptools: `pip install -e .[doom,atari,dev,export,mujoco,pettingzoo]` (what `make setup` installs) compiles
+cpp/ with the system's C++ compiler; `pip install .` or a wheel (`pip wheel --no-deps .`) hold the same: the packages
+sf and sf_envs, the compiled sf.ipc._cqueue, and the presets of configs/ as the package data `sf_configs`
+(sf/cfg/parse.py finds them there when installed, in configs/ in a
 clone). Entry points: `python -m sf.train`, `python -m sf.enjoy`, and the console scripts sf-train and sf-enjoy.
 """
 from setuptools import Extension, find_packages, setup
