@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from sf.cfg import ConfigError, OneLineArgumentParser, RunError, run_guarded
+from sf.export import add_experiment_arguments
 from sf.utils.files import write_text_atomic
 
 ALGO = "APPO"
@@ -243,9 +244,7 @@ def card_text(exp_dir: Path, cfg: argparse.Namespace, saved: dict, curves: Path 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog=prog, allow_abbrev=False,
                                    description="Write EXP/README.md, a model card of the experiment.")
-    parser.add_argument("experiment", metavar="EXP",
-                        help="the experiment directory (train_dir/<experiment>), or its name with --train_dir")
-    parser.add_argument("--train_dir", default=None, help="the directory holding the experiment EXP")
+    add_experiment_arguments(parser)
     return parser
 
 

@@ -22,7 +22,7 @@ likely action instead) and the policy workers run the model on fixed-size chunks
 requests were batched; and which episodes count is fixed in advance: each agent records its first episodes up to a
 quota (sf/sampling/evaluation.py), an episode still running when its agent met the quota is discarded.
 
-CSV (default EXPERIMENT_DIR/eval_<checkpoint>_seed<S>_<episodes>ep[_argmax][_p<P>].csv, written atomically once every
+CSV (default EXP/eval_<checkpoint>_seed<S>_<episodes>ep[_argmax][_p<P>].csv, written atomically once every
 episode is in): episode (0.. in the order of the rows: by policy, then agent of the run, then time), policy, agent (its
 index in its env), env_seed, return (the env's episode reward, unshaped units as training reports them), length (env
 frames), true_objective (the win where the env reports wins, else the game score, else empty), wall_time (seconds the
@@ -48,7 +48,7 @@ from sf.cfg import (ConfigError, OneLineArgumentParser, Param, RunError, experim
                     run_guarded, str2bool, verify)
 from sf.cfg.params import PARAMS
 from sf.cfg.validate import from_command_line
-from sf.export import experiment_env, experiment_path
+from sf.export import add_experiment_arguments, experiment_env, experiment_path
 from sf.sampling.evaluation import EVAL_REPORT, EvalPlan
 from sf.utils.files import temp_path, write_text_atomic
 
@@ -67,16 +67,14 @@ DETERMINISTIC = Param("deterministic", str2bool, False, "Take the most likely ac
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog=prog, allow_abbrev=False, description=__doc__.split("\n\n")[0])
-    parser.add_argument("experiment", metavar="EXPERIMENT",
-                        help="the experiment directory (train_dir/NAME), or its NAME with --train_dir")
+    add_experiment_arguments(parser)
     parser.add_argument("--episodes", required=True, help=f"{EPISODES.help}; range [1, 1e9]")
     parser.add_argument("--num_workers", help="rollout worker processes (default: the experiment's)")
     parser.add_argument("--num_envs_per_worker", help="envs per rollout worker (default: the experiment's)")
     parser.add_argument("--deterministic", nargs="?", const="True", default="False", help=DETERMINISTIC.help)
     parser.add_argument("--seed", default="0", help=f"{SEED.help}; range [0, {2**32 - 1}] (default: 0)")
-    parser.add_argument("--csv", help="the CSV to write (default: EXPERIMENT_DIR/eval_<checkpoint>_seed<S>_<N>ep...csv)")
+    parser.add_argument("--csv", help="the CSV to write (default: EXP/eval_<checkpoint>_seed<S>_<N>ep...csv)")
     parser.add_argument("--policy", help=POLICY.help)
-    parser.add_argument("--train_dir", help="the directory of experiments holding EXPERIMENT (a name then)")
     parser.add_argument("--load_checkpoint_kind", default="latest", help="checkpoint to load: latest or best")
     parser.add_argument("--device", help="auto, cpu or cuda (default: the experiment's)")
     return parser

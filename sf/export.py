@@ -67,6 +67,13 @@ def experiment_path(exp: str, train_dir: str | None) -> Path:
     raise ConfigError(f"experiment directory {d} {what}; give train_dir/<experiment>, or <experiment> --train_dir DIR")
 
 
+def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    """EXP and --train_dir, as every command that reads an experiment takes them (resolved by experiment_path)."""
+    parser.add_argument("experiment", metavar="EXP",
+                        help="the experiment directory (train_dir/<experiment>), or its name with --train_dir")
+    parser.add_argument("--train_dir", default=None, help="the directory holding the experiment EXP")
+
+
 def experiment_env(exp_dir: Path) -> str:
     """The env the experiment in exp_dir trained on (its config.json). One-line ConfigError when exp_dir is not an
     experiment directory that train.py wrote, or its env is not one this installation knows."""
@@ -207,9 +214,7 @@ def check_against_torch(data: bytes, model, batch: int = 3) -> float:
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog=prog, allow_abbrev=False,
                                    description="Export a trained policy as an ONNX graph for onnxruntime.")
-    parser.add_argument("experiment", metavar="EXP",
-                        help="the experiment directory (train_dir/<experiment>), or its name with --train_dir")
-    parser.add_argument("--train_dir", default=None, help="the directory holding the experiment EXP")
+    add_experiment_arguments(parser)
     parser.add_argument("--policy", type=int, default=None, metavar="N",
                         help="the policy of a population to export (default: every policy)")
     parser.add_argument("--format", default="onnx", choices=["onnx"], help="the file format (default: onnx)")
