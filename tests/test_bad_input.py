@@ -809,8 +809,10 @@ def test_disk_full_during_resumed_run(world, tmpfs, tmp_path):
 def test_disk_full_event_file(world, tmpfs, tmp_path):
     """The log takes the last free page (it is padded to end just below a page boundary), so the TensorBoard event
     file cannot be written either: still one line on the console, no traceback. (One page more is left for the
-    experiment's lock file beside it, which holds the runner's pid.)"""
-    td, exp, ckpt_before, res = _disk_full_resume(world, tmpfs, tmp_path, leave=2 * 4096, pad_log_to=4090)
+    experiment's lock file beside it, which holds the runner's pid, and the pages of config.json's new copy.)"""
+    config_pages = -(-(world.exp / "config.json").stat().st_size // 4096)
+    td, exp, ckpt_before, res = _disk_full_resume(world, tmpfs, tmp_path, leave=(1 + config_pages) * 4096,
+                                                  pad_log_to=4090)
     check_disk_full_run(res, exp, ckpt_before)
 
 

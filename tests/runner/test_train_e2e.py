@@ -213,7 +213,12 @@ def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
                      "--train_for_seconds", "300", "--device", "cpu", "--max_restarts_per_hour", "0"], log)
     try:
         wait_for(lambda: re.search(r"Total num frames: [1-9]", log.read_text()), 120, "frames to be collected", log)
-        procs = [c for c in psutil.Process(p.pid).children(recursive=True) if c.name() == "vizdoom"]
+
+        def vizdoom_engines():
+            return [c for c in psutil.Process(p.pid).children(recursive=True) if c.name() == "vizdoom"]
+        # one worker reports frames while the other's engines may still be starting: wait for all 4
+        wait_for(lambda: len(vizdoom_engines()) == 4, 120, "the 4 engines to run", log)
+        procs = vizdoom_engines()
         engines, files = [c.pid for c in procs], engine_files(procs)
         assert len(engines) == 4, engines
         assert files
