@@ -86,6 +86,9 @@ def make_batch(model, n: int, t: int, seed: int = 0) -> dict:
         "rewards": torch.randn((n, t), generator=g),
         "dones": (torch.rand((n, t), generator=g) < 0.02).float(),
         "truncated": torch.zeros((n, t)),  # no time limits in this batch (APPO bootstraps truncated steps)
+        "final_obs": {"obs": torch.zeros((n, 3, 72, 128), dtype=torch.uint8)},  # (none kept: final_t -1)
+        "final_rnn": torch.zeros((n, h)),
+        "final_t": torch.full((n,), -1, dtype=torch.int64),
     }
 
 
@@ -155,15 +158,27 @@ def timeit(fn, warmup: int, iters: int, device: str = "cpu") -> float:
     return float(np.median(times))
 
 
-def to_device(tree, device, non_blocking: bool = False):
-    """The batch's nested dict of tensors on `device` (non_blocking: from pinned host memory, asynchronously)."""
+def to_device(tree, device):
+    """The batch's nested dict of tensors on `device`."""
     if isinstance(tree, dict):
-        return {k: to_device(v, device, non_blocking) for k, v in tree.items()}
-    return tree.to(device, non_blocking=non_blocking)
+        return {k: to_device(v, device) for k, v in tree.items()}
+    return tree.to(device)
 
 
-def pin(tree):
-    return {k: pin(v) for k, v in tree.items()} if isinstance(tree, dict) else tree.pin_memory()
+def in_shared_memory(model, host: dict):
+    """The batch `host` written into trajectory buffers (shared memory, as the rollout and policy workers leave it):
+    (buffers, slots [n]) for TrajectoryBuffers.gather, the learner's copy to the device."""
+    from sf.buffers.trajectory_buffers import TrajectoryBuffers
+    n, t = host["rewards"].shape
+    buffers = TrajectoryBuffers(n, t, OBS_SPACE, ACTION_SPACE, model.rnn_state_size)
+    for k, v in host.items():
+        dst = buffers.obs if k == "obs" else getattr(buffers, k)
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                dst[kk].copy_(vv)
+        else:
+            dst.copy_(v)
+    return buffers, torch.arange(n)
 
 
 def main() -> None:
@@ -179,8 +194,9 @@ def main() -> None:
     p.add_argument("--no_channels_last", action="store_true", help="conv activations in NCHW instead of NHWC")
     p.add_argument("--cpu_block", type=int, default=None, help="frames per conv call on CPU (default: the model's)")
     p.add_argument("--per_step", action="store_true", help="also time the per-time-step reference learner")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: on CUDA, also timed with the batch's copy from "
-                   "pinned host memory in each step (what the learner does: trajectories live in host shared memory)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: on CUDA, also timed with the batch's gather out "
+                   "of shared memory in each step (TrajectoryBuffers.gather: the learner's pinned staging and asynchronous "
+                   "copy; trajectories live in host shared memory)")
     args = p.parse_args()
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         sys.exit(f"--device {args.device}: torch sees no CUDA device (use --device cpu)")
@@ -219,10 +235,11 @@ def main() -> None:
         if arch == "convnet_simple":
             line += f" (x{args.batch_size / sec / NAIVE_BASELINE:.1f} the naive baseline's {NAIVE_BASELINE:.0f})"
         if torch.device(args.device).type == "cuda":
-            pinned = pin(host)
-            csec = timeit(lambda: appo.train(to_device(pinned, args.device, non_blocking=True), version[0]),
+            buffers, slots = in_shared_memory(model, host)
+            csec = timeit(lambda: appo.train(buffers.gather(slots, args.device), version[0]),
                           args.warmup, args.iters, args.device)
-            line += f"; with the pinned host-to-device copy of the batch {args.batch_size / csec:.0f} samples/s"
+            line += (f"; with the batch gathered from shared memory as the learner does it (pinned staging, "
+                     f"asynchronous copy) {args.batch_size / csec:.0f} samples/s")
         if args.per_step and args.rnn_type == "gru":
             ref = PerStepLearner(create_actor_critic(cfg, OBS_SPACE, ACTION_SPACE), cfg)
             nsec = timeit(lambda: ref.train(exp, 0), args.warmup, args.iters)

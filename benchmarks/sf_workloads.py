@@ -9,6 +9,9 @@ Workloads (Sample Factory's example commands with shorter budgets; both sides ge
           where configs/atari.json and our defaults differ, so that both train the same PPO.
           4 envs per worker: Sample Factory's synchronous mode (its Atari preset) collects exactly what one training
           iteration takes, 2 workers x 4 envs x rollout 128 = 4 minibatches x 256 samples, as its preset's 8 x 1 envs.
+  doom    doom_battle, asynchronous APPO with each side's Doom defaults (configs/doom.json here; sf_examples.vizdoom
+          there), 2 workers x 8 envs, --doom_seconds (150 by default): the speed comparison (frames/s and policy
+          lag; the reward of so short a run says little). Both are stopped by SIGINT that long after their first frames.
 Both: --num_workers 2 --device cpu --decorrelate_experience_max_seconds 0 (MuJoCo: --num_envs_per_worker 8).
 
 Runs alternate per round (round 1: ours then SF, round 2: SF then ours, ...). frames/s: the median of the
@@ -22,6 +25,7 @@ error line recorded (Sample Factory waits forever when an env fails to start).
 
     python benchmarks/sf_workloads.py                                   # defaults: 1M MuJoCo, 300k Atari frames
     python benchmarks/sf_workloads.py --mujoco_steps 300000 --atari_steps 100000 --rounds 2
+    python benchmarks/sf_workloads.py --workloads doom --rounds 3       # the speed comparison: doom_battle, 150 s each
     python benchmarks/sf_workloads.py --workloads atari --sf_python /path/to/sf-venv/bin/python
 """
 from __future__ import annotations
@@ -70,6 +74,8 @@ FRAMES_RE = re.compile(r"Total num frames: (\d+)")
 STAMP_RE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:,(\d+))?\]")  # both sides' log line prefix
 OURS_DONE_RE = re.compile(r"Done: (\d+) env frames")
 SF_DONE_RE = re.compile(r"Collected \{0: (\d+)\}")
+OURS_LAG_RE = re.compile(r"Policy lag \(min: [\d.na-]+, avg: ([\d.na-]+)")
+SF_LAG_RE = re.compile(r"Policy #0 lag: \(min: [\d.-]+, avg: ([\d.-]+)")
 OURS_REWARD_RE = re.compile(r"Avg episode reward: ([-\d.]+) \((\d+) episodes\)")
 SF_REWARD_RE = re.compile(r"Avg episode reward: \[\(0, '([-\d.]+)'\)\]")
 ERROR_RE = re.compile(r"(\w*(?:Error|Exception|error)\b.*)$")
@@ -87,12 +93,20 @@ def workloads(args) -> dict[str, dict]:
                   "flags": ["--env", args.atari_env, "--encoder_conv_architecture", "resnet_impala",
                             "--batch_size", "256", "--num_envs_per_worker", str(args.atari_envs_per_worker),
                             "--train_for_env_steps", str(args.atari_steps), *both]},
+        "doom": {"module": "sf_examples.vizdoom.train_vizdoom", "ours_extra": [],
+                 "seconds": args.doom_seconds,
+                 "flags": ["--env", args.doom_env, "--num_envs_per_worker", str(args.doom_envs_per_worker), *both]},
     }
 
 
-def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict | None = None) -> dict:
-    """Run cmd to the end (its output into log_path); kill its process group when its frame count stops growing."""
+def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict | None = None,
+        seconds: float | None = None) -> dict:
+    """Run cmd to the end (its output into log_path); kill its process group when its frame count stops growing.
+    seconds: SIGINT its process group this long after its first frames (both sides stop on it with a final checkpoint;
+    Sample Factory's --train_for_seconds counts only the time up to its last checkpoint save, so a short run would go
+    on, and its start-up takes from 15 s to over a minute on a loaded machine)."""
     t0 = time.time()
+    interrupted, first_frames = False, None
     frames, progress_at, loads, stalled = -1, t0, [], False
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -100,6 +114,11 @@ def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict |
             time.sleep(2)
             loads.append(os.getloadavg()[0])
             seen = max([int(x) for x in FRAMES_RE.findall(log_path.read_text(errors="replace"))] or [0])
+            if seen > 0 and first_frames is None:
+                first_frames = time.time()
+            if seconds is not None and not interrupted and first_frames and time.time() - first_frames > seconds:
+                os.killpg(proc.pid, signal.SIGINT)
+                interrupted, progress_at = True, time.time()
             if seen > frames:
                 frames, progress_at = seen, time.time()
             elif time.time() - progress_at > stall_sec:
@@ -143,7 +162,9 @@ def parse(side: str, result: dict, summary_dir: Path) -> dict:
         error = (f"stalled {result['rc']}: " if result["stalled"] else f"exit {result['rc']}: ") + \
             (errors[-1] if errors else lines[-1] if lines else "no output")[:160]
     fps, steady = steady_fps(log)
-    return {"frames": frames, "fps": fps, "steady": steady, "overall": frames / result["wall"], "reward": reward,
+    lags = [float(x) for x in (OURS_LAG_RE if side == "ours" else SF_LAG_RE).findall(log) if x not in ("nan", "-1.0")]
+    lag = statistics.mean(lags[2:] if len(lags) > 4 else lags) if lags else float("nan")  # steady reports
+    return {"frames": frames, "lag": lag, "fps": fps, "steady": steady, "overall": frames / result["wall"], "reward": reward,
             "wall": result["wall"], "load": result["load"], "error": error}
 
 
@@ -159,11 +180,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sf_python", default=str(ROOT / ".venv-sf" / "bin" / "python"),
                     help="a Python with sample-factory 2.1.1 (and mujoco, ale-py) installed")
-    ap.add_argument("--workloads", nargs="+", default=["mujoco", "atari"], choices=["mujoco", "atari"])
+    ap.add_argument("--workloads", nargs="+", default=["mujoco", "atari"], choices=["mujoco", "atari", "doom"])
     ap.add_argument("--mujoco_steps", type=int, default=1_000_000, help="env frames of the MuJoCo workload")
     ap.add_argument("--atari_steps", type=int, default=300_000, help="env frames (frameskip included) of the Atari "
                     "workload")
     ap.add_argument("--atari_env", default="atari_breakout")
+    ap.add_argument("--doom_env", default="doom_battle")
+    ap.add_argument("--doom_envs_per_worker", type=int, default=8)
+    ap.add_argument("--doom_seconds", type=int, default=150, help="seconds of each Doom run (then SIGINT)")
     ap.add_argument("--num_workers", type=int, default=2)
     ap.add_argument("--num_envs_per_worker", type=int, default=8, help="MuJoCo's (both presets': 8)")
     ap.add_argument("--atari_envs_per_worker", type=int, default=4, help="Atari's: Sample Factory's synchronous "
@@ -206,20 +230,21 @@ def main() -> None:
                     cmd = [sys.executable, str(ROOT / "train.py"), "--experiment", exp, "--train_dir",
                            str(scratch / "ours"), "--restart_behavior", "overwrite", *spec["flags"],
                            *spec["ours_extra"]]
-                    out = run(cmd, ROOT, scratch / f"ours_{exp}.log", args.stall_sec)
+                    out = run(cmd, ROOT, scratch / f"ours_{exp}.log", args.stall_sec, seconds=spec.get("seconds"))
                     res = parse(side, out, scratch / "ours" / exp)
                 else:
                     cmd = [args.sf_python, "-m", spec["module"], "--experiment", exp, "--train_dir",
                            str(scratch / "sf" / "td"), *spec["flags"]]
-                    out = run(cmd, scratch / "sf", scratch / f"sf_{exp}.log", args.stall_sec, sf_env)
+                    out = run(cmd, scratch / "sf", scratch / f"sf_{exp}.log", args.stall_sec, sf_env,
+                              seconds=spec.get("seconds"))
                     res = parse(side, out, scratch / "sf" / "td" / exp / ".summary" / "0")
                 results.setdefault((name, side), []).append(res)
                 rows.append([r, name, "ours" if side == "ours" else "SF 2.1.1", res["frames"], fmt(res["wall"]),
-                             fmt(res["fps"]), fmt(res["steady"]), fmt(res["reward"], 1), fmt(res["load"], 1),
+                             fmt(res["fps"]), fmt(res["steady"]), fmt(res["reward"], 1), fmt(res["lag"], 1), fmt(res["load"], 1),
                              res["error"]])
                 print(f"round {r} {name} {side}: {rows[-1][3:]}", flush=True)
     print("\n" + table(rows, ["round", "workload", "side", "env frames", "wall s", "frames/s (median 10-s)",
-                              "frames/s (steady)", "avg episode reward", "load avg (1-min, mean)", "error"]))
+                              "frames/s (steady)", "avg episode reward", "policy lag avg", "load avg (1-min, mean)", "error"]))
     ratio_rows = []
     for name in specs:
         ours, sf = results[(name, "ours")], results[(name, "sf")]
@@ -230,10 +255,13 @@ def main() -> None:
 
         ratio_rows.append([name, ratio(med(ours, "fps"), med(sf, "fps")), ratio(med(ours, "steady"), med(sf, "steady")),
                            ratio(med(ours, "overall"), med(sf, "overall")), ratio(med(ours, "wall"), med(sf, "wall")),
-                           f"{fmt(med(ours, 'reward'), 1)} vs {fmt(med(sf, 'reward'), 1)}"])
+                           f"{fmt(med(ours, 'reward'), 1)} vs {fmt(med(sf, 'reward'), 1)}",
+                           f"{fmt(med(ours, 'lag'), 1)} vs {fmt(med(sf, 'lag'), 1)}",
+                           " ".join(ratio(o["fps"], s["fps"]) for o, s in zip(ours, sf))])
     print("\nRatios ours/SF (medians over rounds):\n" + table(
         ratio_rows, ["workload", "frames/s (median 10-s)", "frames/s (steady)", "frames / wall", "wall time",
-                     "avg episode reward, ours vs SF"]))
+                     "avg episode reward, ours vs SF", "policy lag avg, ours vs SF",
+                     "frames/s ratio per round (median 10-s)"]))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ worker.
 
     python benchmarks/system_throughput.py --envs doom_basic doom_battle --num_workers 2 --duration 90
     python benchmarks/system_throughput.py --modes random --sampler_envs_per_worker 4 8 16 --rounds 3 --duration 45
+    python benchmarks/system_throughput.py --envs doom_battle --modes policy train --device cuda   # on a GPU machine
 """
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def run_train_rss(args: list[str], train_dir: str, timeout: float) -> dict:
 def train_flags(args, env: str, mode: str, envs_per_worker: int | None) -> list[str]:
     """train.py flags of one system run: mode "random"/"policy" (sampler only) or "train"; None: the config's envs."""
     flags = ["--env", env, "--num_workers", str(args.num_workers), "--train_for_seconds", str(args.duration),
-             "--experiment", f"bench_{env}_{mode}", *(PAPER_DOOM if env.startswith("doom_") else []), *args.extra]
+             "--experiment", f"bench_{env}_{mode}", "--device", args.device,
+             *(PAPER_DOOM if env.startswith("doom_") else []), *args.extra]
     if envs_per_worker is not None:
         flags += ["--num_envs_per_worker", str(envs_per_worker)]
     if mode in ("random", "policy"):
@@ -118,9 +120,20 @@ def main() -> None:
                     help="envs per rollout worker of the sampler-only runs, one run each (default: the config's, 16 for Doom)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat pure simulation + every run this many times; ratios are taken within a round, medians reported")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="train.py --device of every system run (policy workers and learner); default auto, train.py's "
+                         "own: CUDA where torch sees a device, else CPU")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more train.py flags for every run")
     args = ap.parse_args()
+    if "--device" in args.extra:
+        ap.exit(2, "system_throughput.py: --extra --device: use --device (auto, cpu or cuda) instead\n")
+    import torch
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.exit(2, f"system_throughput.py: --device cuda: torch {torch.__version__} sees no CUDA device here "
+                   "(use --device cpu or auto)\n")
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     header("System throughput vs pure simulation")
+    print(f"device of the system runs: {device} (--device {args.device})")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     results: dict[tuple, list[dict]] = {}  # (env, mode, envs per worker) -> one result per round
     mem_rows = []
@@ -152,8 +165,8 @@ def main() -> None:
                     if res["returncode"] != 0:
                         print(res["log"][-3000:], file=sys.stderr)
     labels = {"sim": f"pure simulation (random actions, {args.num_workers} processes)",
-              "random": "sampler only, random actions", "policy": "sampler only, policy forward (CPU)",
-              "train": "full training (default config)"}
+              "random": "sampler only, random actions", "policy": f"sampler only, policy forward ({device})",
+              "train": f"full training (default config, {device})"}
     rows = []
     for (env, mode, k), runs in results.items():
         ratios = [r["ratio"] for r in runs]

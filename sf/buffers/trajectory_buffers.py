@@ -90,7 +90,7 @@ class TrajectoryBuffers:
                 setattr(self, name, view)
 
     def __getstate__(self) -> dict:  # the views are rebuilt in the receiving process from the one packed storage
-        views = {"obs", "final_obs", *self._packed.views}
+        views = {"obs", "final_obs", "_staging", *self._packed.views}  # (staging: the learner's own, see gather)
         return {k: v for k, v in self.__dict__.items() if k not in views}
 
     def __setstate__(self, state: dict) -> None:
@@ -121,15 +121,31 @@ class TrajectoryBuffers:
         """Copy whole trajectories out of shared memory: the learner's experience dict.
 
         slots: [N] int64 slot indices. Returns obs dict [N, T+1, ...], final_obs dict [N, ...] and the other tensors
-        [N, T(+1), ...] (final_rnn [N, H], final_t [N]) on `device`, in the storage layout, in the order of `slots` (the
-        copy frees the slots for reuse at once).
+        [N, T(+1), ...] (final_rnn [N, H], final_t [N]) on `device`, in the storage layout, in the order of `slots`.
+        When it returns, the slots have been read (they may be reused at once): the copy out of shared memory is a host
+        copy (gather_into) into fresh tensors, which are the batch on the CPU; for CUDA into pinned staging buffers,
+        copied to the device asynchronously (GatherStaging).
         """
-        out = {"obs": {k: v.index_select(0, slots).to(device, non_blocking=True) for k, v in self.obs.items()},
-               "final_obs": {k: v.index_select(0, slots).to(device, non_blocking=True) for k, v in self.final_obs.items()}}
-        for k, v in self.step_tensors().items():
-            if k != "action_noise":  # consumed by the policy workers
-                out[k] = v.index_select(0, slots).to(device, non_blocking=True)
-        return out
+        device = torch.device(device)
+        if device.type != "cuda":
+            return self.gather_into(slots)
+        staging = self.__dict__.get("_staging")
+        if staging is None or staging.rows != len(slots) or staging.device != device:
+            staging = self._staging = GatherStaging(self, len(slots), device)
+        return staging.to_device(self.gather_into(slots, staging.acquire()))
+
+    def gather_into(self, slots: torch.Tensor, out: dict | None = None) -> dict:
+        """The trajectories `slots` [N] in host memory, in the layout gather returns: into the tensors of `out` (a dict
+        of that layout, e.g. GatherStaging's) or into fresh ones."""
+        def take(src: torch.Tensor, *key: str) -> torch.Tensor:
+            if out is None:
+                return src.index_select(0, slots)
+            return torch.index_select(src, 0, slots, out=out[key[0]][key[1]] if len(key) == 2 else out[key[0]])
+
+        return {"obs": {k: take(v, "obs", k) for k, v in self.obs.items()},
+                "final_obs": {k: take(v, "final_obs", k) for k, v in self.final_obs.items()},
+                **{k: take(v, k) for k, v in self.step_tensors().items()
+                   if k != "action_noise"}}  # (action noise: consumed by the policy workers)
 
     @staticmethod
     def bytes_needed(num_slots: int, rollout: int, obs_space, action_space, rnn_state_size: int) -> int:
@@ -139,6 +155,45 @@ class TrajectoryBuffers:
         per_slot = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
         per_slot += 4 * rnn_state_size + 8  # final_obs, final_rnn, final_t
         return num_slots * ((rollout + 1) * per_step + per_slot)
+
+
+class GatherStaging:
+    """A CUDA learner's way from shared memory to the device: `depth` sets of pinned host buffers in gather's layout for
+    `rows` trajectories, used in turn, each copied to the device on a side stream (non_blocking: it overlaps the training
+    kernels of the batch before). The host fills a set again only after the copy out of it finished (an event recorded
+    after the copy, waited on in acquire), and the consumer's stream waits for the copy before the batch's first use."""
+
+    def __init__(self, buffers: TrajectoryBuffers, rows: int, device: torch.device, depth: int = 2):
+        self.rows, self.device = rows, torch.device(device)
+        layout = buffers.gather_into(torch.zeros(0, dtype=torch.int64))  # no trajectory: the shapes and dtypes
+        self.sets = [_tree(layout, lambda t: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=True))
+                     for _ in range(depth)]
+        self.copied: list = [None] * depth  # the event after each set's last copy to the device
+        self.turn = 0
+        self.stream = torch.cuda.Stream(self.device)
+
+    def acquire(self) -> dict:
+        """The next set, once the copy out of it (two batches ago) finished."""
+        if self.copied[self.turn] is not None:
+            self.copied[self.turn].synchronize()
+        return self.sets[self.turn]
+
+    def to_device(self, host: dict) -> dict:
+        """The set `host` (just filled) on the device: copies queued on the side stream; the current stream (the
+        batch's consumer: the learner's threads share the device's default stream) waits for them."""
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):  # (the device memory is allocated for the side stream ...)
+            out = _tree(host, lambda t: t.to(self.device, non_blocking=True))
+            self.copied[self.turn] = torch.cuda.Event()
+            self.copied[self.turn].record(self.stream)
+        consumer.wait_event(self.copied[self.turn])
+        _tree(out, lambda t: t.record_stream(consumer))  # (... and used on the consumer's: freed only after its use)
+        self.turn = (self.turn + 1) % len(self.sets)
+        return out
+
+
+def _tree(tree: dict, fn) -> dict:
+    return {k: _tree(v, fn) if isinstance(v, dict) else fn(v) for k, v in tree.items()}
 
 
 def shm_available_bytes(path: str = "/dev/shm") -> int:

@@ -36,6 +36,7 @@ from sf.learning.gae import gae
 from sf.learning.losses import appo_loss, masked_mean, symmetric_kl_with_uniform
 from sf.learning.lr_schedule import KL_ADAPTIVE, LrSchedule
 from sf.learning.optimizers import make_optimizer
+from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks/profile_training.py)
 from sf.learning.vtrace import truncation_bootstrap, vtrace
 from sf.model.action_spaces import MASKED_LOGIT, action_heads
 from sf.seeding import MINIBATCH, run_seed, stream_seed
@@ -125,7 +126,8 @@ class APPO:
         valid, lag_stats = self._valid_steps(mb, version)
         # every sample too old: nothing to learn, no forward, no step, no new version (data-parallel learners still go
         # through the step: the others wait for this rank's gradients; none of them steps if no rank had any)
-        if lag_stats[3] == 0 and self.grad_hook is None:
+        # (sync-free steps: the optimizer skips it on the device instead, see _sync_free_steps)
+        if self.grad_hook is None and not self._sync_free_steps() and lag_stats[3] == 0:
             return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False, None
         seq_dones = torch.nn.functional.pad(mb["dones"], (0, 1))  # [n, T+1]; the done of step T is never used
         normalize_returns = getattr(model, "returns_normalizer", None) is not None and cfg.normalize_returns
@@ -145,6 +147,7 @@ class APPO:
         with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.kl_loss_coeff != 0.0):
             kl = dist.kl_divergence(model.action_distribution(behaviour_logits))
         sym_kl = self._symmetric_kl(dist, logits) if cfg.exploration_loss == "symmetric_kl" else None
+        LAPS.lap("forward")  # (and the minibatch's selection, the valid steps)
         targets, advantages, behavior_values = self._targets(mb, values, log_probs, behavior_log_probs, valid,
                                                              normalize_returns)
 
@@ -153,8 +156,9 @@ class APPO:
                           value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=self.exploration_loss_coeff,
                           normalize_advantage=cfg.normalize_advantage, symmetric_kl=sym_kl, kl=kl,
                           kl_loss_coeff=cfg.kl_loss_coeff)
-        grad_norm, stepped = self._optimizer_step(terms["loss"])
-        out = self._loss_stats(terms, kl, valid, grad_norm)
+        LAPS.lap("targets")  # (V-trace or GAE, and the loss)
+        grad_norm, stepped = self._optimizer_step(terms["loss"], lag_stats[3])
+        out = self._loss_stats(terms, kl, valid, grad_norm, lag_stats[3])
         out.update(zip(("lag_min", "lag_avg", "lag_max"), lag_stats))
         return self._stats(out, num, lag_stats[3]), stepped, self._schedule_kl(out["kl_divergence"], lag_stats[3])
 
@@ -171,6 +175,7 @@ class APPO:
         (weighted by its valid steps, a collective on every step): each rank then adapts its rate alike."""
         if self.lr_schedule.kind not in KL_ADAPTIVE:
             return None
+        kl, num_valid = float(kl), float(num_valid)  # (device scalars: the one host read of a step these schedules need)
         if self.grad_hook is not None:
             from sf.distributed import gather_rows  # (no process group: this rank's own row)
             rows = gather_rows(torch.tensor([kl * num_valid, num_valid], dtype=torch.float64, device=self.device),
@@ -179,19 +184,25 @@ class APPO:
             kl = kl / num_valid if num_valid > 0 else kl
         return kl if num_valid > 0 else None
 
-    def _valid_steps(self, mb: dict, version: int) -> tuple[torch.Tensor, list[float]]:
+    def _valid_steps(self, mb: dict, version: int) -> tuple[torch.Tensor, torch.Tensor]:
         """valid [T, n] bool: the steps to learn from (policy lag <= max_policy_lag and, in a population, acted by this
-        policy); and [lag min, mean, max, number of valid steps] (floats) for the stats."""
+        policy); and [4] float32 on the device: lag min, mean, max (of this policy's steps; of all where it acted none)
+        and the number of valid steps, for the stats (read on the host with the batch's others, see train)."""
         lag = version - mb["policy_versions"].t()  # [T, n]
         valid = lag <= self.max_policy_lag
         own = mb.get("own")  # [n, T] bool, populations: steps this policy acted (others are masked, lag unknown)
         lag_f = lag.to(torch.float32)
-        if own is not None:
+        if own is None:
+            lo, mean, hi = lag_f.min(), lag_f.mean(), lag_f.max()
+        else:  # masked reductions, not lag_f[own]: selecting by a mask reads its count on the host (a CUDA sync); the
+            # lags are integers, so the sum is exact and the mean the same bits as lag_f[own].mean()
             own = own.t()
             valid = valid & own
-            lag_f = lag_f[own] if bool(own.any()) else lag_f
-        num_valid = valid.sum()
-        return valid, torch.stack([lag_f.min(), lag_f.mean(), lag_f.max(), num_valid.float()]).tolist()
+            counted = own | ~own.any()
+            inf = lag_f.new_full((), float("inf"))  # (a fill on the device: torch.tensor would copy from the host)
+            lo, hi = torch.where(counted, lag_f, inf).min(), torch.where(counted, lag_f, -inf).max()
+            mean = torch.where(counted, lag_f, 0.0).sum() / counted.sum().to(torch.float32)
+        return valid, torch.stack([lo, mean, hi, valid.sum().float()])
 
     @torch.no_grad()
     def _targets(self, mb: dict, values: torch.Tensor, log_probs: torch.Tensor, behavior_log_probs: torch.Tensor,
@@ -210,7 +221,8 @@ class APPO:
             v = model.returns_normalizer.denormalize(v)
         truncated = mb["truncated"].t()  # [T, n]
         boot = None  # --value_bootstrap False: a truncation is a termination (done: nothing after it)
-        if cfg.value_bootstrap and bool(truncated.any()):
+        # (sync-free steps: no host test of it; where nothing is truncated the bootstrap adds zeros)
+        if cfg.value_bootstrap and (self._sync_free_steps() or bool(truncated.any())):
             boot = truncation_bootstrap(truncated, self._final_values(mb, v[:t_len]), cfg.gamma)
         if cfg.with_vtrace:
             vt = vtrace(behavior_log_probs, log_probs.detach(), rewards, v[:t_len], v[t_len], discounts,
@@ -225,24 +237,67 @@ class APPO:
             behavior_values = model.returns_normalizer.normalize(behavior_values)
         return targets, advantages, behavior_values
 
-    def _optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Backward, gradient hook, clip, Adam step. Returns (gradient norm before clipping, whether it stepped)."""
+    # None: _sync_free_steps decides by the device; True/False force it (tests: the sync-free path on CPU)
+    sync_free: Optional[bool] = None
+
+    def _sync_free_steps(self) -> bool:
+        """Whether SGD steps run without reading a device value on the host: on CUDA, with Adam, on one rank. Then a
+        step's statistics stay device tensors until `train` reads the batch's at once, and a step is skipped on the
+        device (fused Adam's found_inf) rather than by the host; the host counts every step as stepped (the version
+        advances; the weights it publishes are unchanged). Elsewhere the host decides, exactly as before: reading a
+        CPU tensor costs nothing, LAMB's step count is a host integer, and data-parallel ranks must agree whether any
+        of them had a gradient."""
+        if self.sync_free is not None:
+            return self.sync_free
+        return self.device.type == "cuda" and self.grad_hook is None and self.optimizer_kind == "adam"
+
+    def _optimizer_step(self, loss: torch.Tensor, num_valid: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Backward, gradient hook, clip, optimizer step; num_valid: the minibatch's valid steps (0-d tensor). Returns
+        (gradient norm before clipping, whether it stepped). A non-finite gradient would destroy the weights: the step
+        is skipped (grad_norm shows it); sync-free steps also skip one without valid steps here (see _sgd_step)."""
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        LAPS.lap("backward")
         if self.grad_hook is not None:  # before clipping: the clip and the step must see the averaged gradients
             self.grad_hook()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm and cfg.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        stepped = bool(torch.isfinite(grad_norm)) and (self.grad_hook is None or float(grad_norm) > 0)
-        if stepped:  # a non-finite gradient would destroy the weights: skip the step (grad_norm shows it)
-            self.optimizer.step()
+        sync_free = self._sync_free_steps()
+        self._set_fused(sync_free)
+        if sync_free:  # skipped on the device, the way torch.amp.GradScaler skips a step: no update, no step count
+            self.optimizer.found_inf = (~torch.isfinite(grad_norm) | (num_valid == 0)).float()
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+            stepped = True
+        else:
+            stepped = bool(torch.isfinite(grad_norm)) and (self.grad_hook is None or float(grad_norm) > 0)
+            if stepped:
+                self.optimizer.step()
+        LAPS.lap("optimizer")  # (the gradient hook, clipping, the step)
         return grad_norm, stepped
 
+    def _set_fused(self, fused: bool) -> None:
+        """Adam's fused implementation (sync-free steps: it takes found_inf) or torch's default (whose bits the host
+        path keeps), set before each step: a loaded optimizer state brings the saving run's setting with it. The fused
+        one keeps each step count as a float32 tensor beside its parameter."""
+        want = True if fused else None
+        for group in self.optimizer.param_groups:
+            if "fused" in group and group["fused"] != want:
+                group["fused"] = want
+                for p in group["params"] if fused else ():
+                    state = self.optimizer.state.get(p)
+                    if state and torch.is_tensor(state.get("step")):
+                        state["step"] = state["step"].to(p.device, torch.float32)
+
     @torch.no_grad()
-    def _loss_stats(self, terms: dict, kl: torch.Tensor, valid: torch.Tensor, grad_norm: torch.Tensor) -> dict:
+    def _loss_stats(self, terms: dict, kl: torch.Tensor, valid: torch.Tensor, grad_norm: torch.Tensor,
+                    num_valid: torch.Tensor) -> dict:
         """The loss terms, the KL divergence of the policy from the behaviour policy (kl [T, n]), the clipped fraction
-        and the gradient norm as floats (means over the valid steps): the LOSS_KEYS."""
+        and the gradient norm (means over the valid steps): the LOSS_KEYS, 0-d tensors on the device (train reads them
+        on the host). 0 without valid steps (sync-free steps: a step the optimizer skipped; num_valid 0-d)."""
         ratio = terms["ratio"]
         eps = self.cfg.ppo_clip_ratio
         clipped = (ratio > 1.0 + eps) | (ratio < 1.0 / (1.0 + eps))
@@ -250,8 +305,10 @@ class APPO:
             terms["loss"].detach(), terms["policy_loss"].detach(), terms["value_loss"].detach(),
             terms["exploration_loss"], terms["kl_loss"], terms["entropy"], masked_mean(kl.detach(), valid),
             masked_mean(clipped.float(), valid), grad_norm.float(),
-        ]).tolist()
-        return dict(zip(LOSS_KEYS, values))
+        ])
+        if self._sync_free_steps():
+            values = torch.where(num_valid > 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
+        return dict(zip(LOSS_KEYS, values.unbind()))
 
     @torch.no_grad()
     def _final_values(self, mb: dict, values: torch.Tensor) -> torch.Tensor:
@@ -260,6 +317,12 @@ class APPO:
         trajectory, which kept no final observation (episodes shorter than --rollout cut by a time limit)."""
         out = values.clone()  # values: [T, n] denormalized V(x_t)
         final_t = mb["final_t"]  # [n], -1 where the trajectory kept no final observation
+        if self._sync_free_steps():  # every row through the model: which rows kept one is not read on the host
+            cols = torch.arange(final_t.shape[0], device=final_t.device)
+            at = final_t.clamp(min=0)
+            step = self.model.forward_step(mb["final_obs"], mb["final_rnn"])  # (rows without one: anything, unused)
+            out[at, cols] = torch.where(final_t >= 0, step.values.float(), out[at, cols])
+            return out
         rows = (final_t >= 0).nonzero().squeeze(1)
         if rows.numel():
             obs = {k: v.index_select(0, rows) for k, v in mb["final_obs"].items()}
@@ -267,11 +330,13 @@ class APPO:
             out[final_t.index_select(0, rows), rows] = step.values.float()
         return out
 
-    def _stats(self, out: dict, num: float, num_valid: float) -> dict:
+    def _stats(self, out: dict, num: float, num_valid) -> dict:
+        """One step's stats: `out` (LOSS_KEYS and lag stats, 0-d tensors or floats), num samples, num_valid (0-d tensor
+        or float); masked_fraction and num_masked follow from num_valid once _host_stats has read it."""
         for k in LOSS_KEYS:
             out.setdefault(k, 0.0)
-        out["masked_fraction"] = 1.0 - num_valid / num
-        out["num_masked"] = num - num_valid
+        out["masked_fraction"] = num_valid  # (until _host_stats reads it: then 1 - num_valid / num)
+        out["num_masked"] = None  # (_host_stats: num - num_valid)
         out["num_samples"] = num
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
         return out
@@ -302,7 +367,8 @@ class APPO:
         """Run cfg.num_epochs x cfg.num_batches_per_epoch SGD steps on `experience` (storage layout, see the
         module docstring); calls `on_sgd_step(new_version)` after each step. Returns one stats dict per step
         (keys STAT_KEYS, floats). A minibatch whose samples are all older than cfg.max_policy_lag (or whose
-        gradient is not finite) does no optimizer step and does not advance the version. env_frames: the env frames
+        gradient is not finite) does no optimizer step and does not advance the version (CUDA, _sync_free_steps: the step is
+        skipped on the device and the version advances). env_frames: the env frames
         the run trained on before this batch (the learner's count: linear_decay's progress; None: the schedule's own
         count goes on)."""
         cfg, model = self.cfg, self.model
@@ -315,6 +381,7 @@ class APPO:
         if env_frames is not None:
             schedule.frames = float(env_frames)
         self._apply_lr()
+        LAPS.lap("prepare")  # (the input normalizers' update)
 
         version = int(policy_version)
         all_stats = []
@@ -329,10 +396,12 @@ class APPO:
             epoch_kls = []
             for mb in minibatches:
                 stats, stepped, kl = self._sgd_step(mb, version)
+                LAPS.lap("stats")
                 if stepped:
                     version += 1
                     if on_sgd_step is not None:
                         on_sgd_step(version)
+                LAPS.lap("publish")  # (the new weights into shared memory)
                 stats["policy_version"] = float(version)
                 all_stats.append(stats)
                 # each sample's frames count once over the epochs (the learner's frame count grows by the batch's)
@@ -343,7 +412,21 @@ class APPO:
                 self._apply_lr()
             schedule.after_epoch(self.base_lr, epoch_kls)
             self._apply_lr()
-        return all_stats
+        return _host_stats(all_stats)
+
+
+def _host_stats(all_stats: list[dict]) -> list[dict]:
+    """The steps' stats as floats: their device values read in one transfer (on CUDA the batch's one host
+    synchronisation for them), and the masked fraction and count from each step's number of valid steps."""
+    tensors = [v for s in all_stats for v in s.values() if torch.is_tensor(v)]
+    values = iter(torch.stack(tensors).tolist() if tensors else ())
+    for s in all_stats:
+        for k, v in s.items():
+            if torch.is_tensor(v):
+                s[k] = next(values)
+        num_valid, num = s["masked_fraction"], s["num_samples"]  # (_stats: the number of valid steps until here)
+        s["masked_fraction"], s["num_masked"] = 1.0 - num_valid / num, num - num_valid
+    return all_stats
 
 
 def _index(experience: dict, idx: torch.Tensor) -> dict:

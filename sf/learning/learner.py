@@ -62,6 +62,7 @@ from sf.learning.appo import APPO, cfg_hyperparams
 from sf.learning.checkpoint import (check_compatible, load_into, make_checkpoint_state, model_signature,
                                     restore_rng_states, weights_sha256)
 from sf.learning.checkpoint_store import CheckpointManager
+from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks/profile_training.py)
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, SLOT_FREE,
@@ -304,6 +305,7 @@ class Learner:
         """Take finished slots; once a training batch is complete, copy it out and free its slots.
         Returns the experience dict (storage layout, on the device) or None."""
         taken = self._take(timeout)
+        LAPS.lap("wait_trajectories")  # (batcher: also its waits for room in the batch queue)
         if not taken:
             return None
         self.pending.extend(int(s) for s in taken)
@@ -327,10 +329,11 @@ class Learner:
         if self.masks_steps:  # masked: steps another policy acted (it took over the agent at
             # an episode start), or none did (policy id -1: the env said the agent was inactive, info["is_active"])
             experience["own"] = experience["policy_ids"] == self.policy_id
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()  # the copy must finish before the slots are reused
+        # no wait for the device: gather returns once the slots were read on the host (CUDA: into pinned staging, whose
+        # asynchronous copy to the device the batch's consumers wait for on the device; see GatherStaging)
         if not self.sync:  # (sync modes: slots are fixed; the rollout workers wait for sync_ready instead)
             self._release(slots.tolist())
+        LAPS.lap("copy")
         return experience
 
     def _take(self, timeout: float) -> list:
@@ -383,6 +386,8 @@ class Learner:
         self.queues.report.put(("train", stats, self.version, self.env_steps, self.policy_id))
         if time.time() - self.last_save > self.cfg.save_every_sec:
             self.save()
+        LAPS.lap("report")
+        LAPS.batch_done(self.trajs_per_batch * self.cfg.rollout, self.policy_id)
 
     def train_sync(self, experience) -> None:
         """hts/ppo: one batch k = one rollout interval of every env (see the module docstring). No population updates:
@@ -474,6 +479,7 @@ class Learner:
                     experience = batches.get(timeout=0.1)
                 except queue.Empty:
                     experience = None
+                LAPS.lap("wait_batch")
                 if self.world.distributed:
                     if experience is None and not stopping:
                         continue
@@ -502,6 +508,7 @@ class Learner:
         if self.population:  # the runner's last decisions: in force in the final checkpoint too
             self.apply_population_updates(last=True)
         self.save(final=True)
+        LAPS.write(self.policy_id)
         self.queues.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps,
                                 self.policy_id))
         self.state.learner[self.policy_id, FINISHED] = 1.0

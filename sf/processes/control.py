@@ -16,6 +16,7 @@ import psutil
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NAME = 15
 _parent_pid = None  # this child's parent when it started (set by sf.runner.supervision.child_main via set_parent)
 _leftover_hooks: list = []
 
@@ -40,6 +41,18 @@ def _prctl(option: int, arg: int) -> None:
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send `sig` to this process when its parent dies, so no orphan keeps shared memory."""
     _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def process_title(name: str) -> str:
+    """The kernel's name for process `name` of a run (sf.processes.shared_state's names, less "_worker"): sf:learner,
+    sf:policy_0, sf:rollout_3, sf:fork_server; at most 15 bytes (the kernel's limit)."""
+    return ("sf:" + name.replace("_worker", ""))[:15]
+
+
+def set_process_name(name: str) -> None:
+    """Show this process as process_title(name) in top, ps and psutil's name() (/proc/<pid>/comm; its command line is
+    unchanged). Called first thing in the main thread: the threads it starts later (torch's) inherit the name."""
+    _prctl(PR_SET_NAME, process_title(name).encode())  # type: ignore[arg-type]  (prctl takes a char* here)
 
 
 def become_subreaper() -> None:

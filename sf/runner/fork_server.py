@@ -12,6 +12,10 @@ import signal
 os.setpgid(0, 0)
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # before the line above took effect; kept by the forked workers
 
+from sf.processes.control import set_process_name  # noqa: E402
+
+set_process_name("fork_server")  # top, ps: sf:fork_server (each worker renames itself at start)
+
 # Every worker is forked from this process, so it must never initialize CUDA: a child of a process that did cannot
 # use CUDA ("initialization error"). torch.cuda.is_available() calls cudaGetDeviceCount, which initializes the driver,
 # unless this variable makes it ask NVML (torch's documented fork-safe check); the workers inherit it, harmlessly.

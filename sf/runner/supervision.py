@@ -23,7 +23,8 @@ import traceback
 
 import psutil
 
-from sf.processes.control import ParentDied, _raise_parent_died, die_with_parent, kill_processes, set_parent
+from sf.processes.control import (ParentDied, _raise_parent_died, die_with_parent, kill_processes, set_parent,
+                                 set_process_name)
 
 # torchrun (data-parallel ranks, sf/distributed.py): every line names its rank
 _RANK = f"[rank {os.environ.get('RANK', '0')}]" if os.environ.get("WORLD_SIZE", "1") != "1" else ""
@@ -202,6 +203,7 @@ def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *
     `unwind`: for a worker that owns processes (env engines), the runner's death raises ParentDied in its main thread
     (SIGTERM) instead of killing it (SIGKILL), so that its `finally` blocks close the envs and their engines.
     """
+    set_process_name(name)  # top, ps: which worker this is (sf:rollout_3)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner owns Ctrl-C and stops its children in order
     _release_fork_server()
     if unwind:
