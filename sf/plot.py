@@ -1,6 +1,7 @@
 """Learning curves as a PNG, from the TensorBoard event files that training writes into train_dir/EXPERIMENT/.
 
     python -m sf.plot train_dir/exp_a [train_dir/exp_b ...] [--out curves.png] [--smooth 0.6] [--panels reward,fps]
+    python -m sf.plot SWEEP.py [--train_dir DIR]    (or the sweep's directory train_dir/<sweep>; see docs/sweeps.md)
 
 Panels (the tags are those of sf/runner/stats.py; the step of every scalar is the env frame count):
     reward       reward/reward (average episode reward) vs env frames
@@ -10,6 +11,9 @@ Panels (the tags are those of sf/runner/stats.py; the step of every scalar is th
 Several experiments share each panel: one colour per experiment, the legend gives the experiment directory's name. A
 population's experiment (--num_policies N: series tagged p{i}/...) is drawn as one curve per policy, 'exp/p{i}'.
 --smooth is TensorBoard's smoothing (a debiased exponential moving average); the raw values are drawn faintly behind.
+A sweep (python -m sf.launch) is drawn as one line per configuration: the mean over its runs (seeds) of their smoothed
+curves, with a band from their minimum to their maximum, over the frames every run has reached (`sweep_bands`); the
+PNG goes to train_dir/<sweep>/learning_curves.png by default.
 
 Event files are read with TensorBoard's own reader (tensorboard.backend.event_processing.event_file_loader), file by
 file in name order (= creation order); `read_scalar_events` is also what sf.runner.stats.read_event_scalars returns.
@@ -221,6 +225,135 @@ def render(series: dict[str, list[Series]], unit: str, labels: list[str], smooth
     write_atomic(out, lambda f: fig.savefig(f, format="png"))
 
 
+# --- sweeps (python -m sf.launch) ---
+
+@dataclass
+class Band:
+    """One configuration of a sweep in one panel: the mean over its runs (seeds) of their smoothed curves, and the
+    min..max band around it, on a common x grid (where every run has data: from the latest first point to the
+    earliest last one; each run's smoothed curve linearly interpolated onto it). n: the runs drawn."""
+    config: str
+    x: np.ndarray
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    n: int
+
+
+BAND_POINTS = 200  # points of the common grid
+SWEEP_PANELS = "reward,reward_time"  # a sweep's default: the rewards its configurations are compared by
+
+
+def sweep_bands(series: dict[str, list[Series]], config_of: dict[str, str]) -> dict[str, list[Band]]:
+    """panel -> a Band per configuration, from `panel_series`'s Series of the sweep's runs (labelled by run name;
+    config_of: run name -> configuration). Only each panel's first tag (the line) is aggregated."""
+    out: dict[str, list[Band]] = {}
+    for name, curves in series.items():
+        groups: dict[str, list[Series]] = {}
+        for s in curves:
+            if s.tag == PANELS[name].tags[0] and len(s.x):
+                groups.setdefault(config_of[s.experiment], []).append(s)
+        out[name] = []
+        for config, runs in groups.items():
+            start, end = max(float(s.x[0]) for s in runs), min(float(s.x[-1]) for s in runs)
+            if end < start:  # no common range (a run that has just begun): draw the runs' own points
+                start, end = min(float(s.x[0]) for s in runs), max(float(s.x[-1]) for s in runs)
+            xs = np.linspace(start, end, BAND_POINTS) if end > start else np.array([start])
+            ys = np.stack([np.interp(xs, s.x, s.y_smooth) for s in runs])
+            out[name].append(Band(config, xs, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0), len(runs)))
+    return out
+
+
+def render_sweep(bands: dict[str, list[Band]], unit: str, out: Path, title: str) -> None:
+    """Draws the panels of `bands` (one line per configuration: the mean over seeds, its band min..max) into a PNG
+    at `out`, written atomically. Raises OSError when the file cannot be written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter
+
+    configs = list(dict.fromkeys(b.config for bs in bands.values() for b in bs))
+    colors = {c: f"C{i % 10}" for i, c in enumerate(configs)}
+    n = len(bands)
+    ncols = 1 if n == 1 else 2
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(6.4 * ncols, 4.4 * nrows), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    for ax, (name, bs) in zip(axes, bands.items()):
+        spec = PANELS[name]
+        ax.set_title(spec.title.split(" (")[0])
+        ax.set_ylabel(spec.ylabel)
+        ax.set_xlabel("env frames" if spec.x == "frames" else f"wall time ({unit})")
+        if spec.x == "frames":
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        ax.grid(True, alpha=0.3)
+        if not bs:
+            ax.text(0.5, 0.5, f"no {spec.tags[0]} in the event files", ha="center", va="center",
+                    transform=ax.transAxes, color="gray")
+            continue
+        for b in bs:
+            marker = dict(marker="o", markersize=3) if len(b.x) == 1 else {}
+            ax.plot(b.x, b.mean, color=colors[b.config], linewidth=1.8, label=f"{b.config} (n={b.n})", **marker)
+            if b.n > 1:
+                ax.fill_between(b.x, b.lo, b.hi, color=colors[b.config], alpha=0.2, linewidth=0)
+        ax.legend(fontsize="small", loc="best")
+    fig.suptitle(title)
+    write_atomic(out, lambda f: fig.savefig(f, format="png"))
+
+
+def is_sweep(arg: Path) -> bool:
+    """A sweep file (.py / .json) or a sweep's directory (<train_dir>/<sweep>, which holds the launcher's .launch/)."""
+    try:
+        return (arg.is_file() and arg.suffix in (".py", ".json")) or (arg / ".launch").is_dir()
+    except OSError:
+        return False
+
+
+def sweep_runs(arg: Path, train_dir: str | None) -> tuple[str, Path, list[tuple[str, str, Path]]]:
+    """(sweep name, its directory, [(run name, configuration, experiment dir)]) of a sweep file (sf.launch's
+    load_sweep) or a sweep's directory (the runs sf.launch recorded in .launch/sweep.json)."""
+    import json
+    from sf.launch.sweep import load_sweep
+
+    if arg.is_file():
+        sw = load_sweep(str(arg), train_dir, check=False)
+        return sw.name, sw.train_dir, [(r.name, r.config, r.exp_dir) for r in sw.runs]
+    try:
+        rec = json.loads((arg / ".launch" / "sweep.json").read_text())
+        runs = [(r["name"], r["config"], arg / r["name"]) for r in rec["runs"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"{arg}: .launch/sweep.json is missing or unreadable; give the sweep file instead "
+                          f"(python -m sf.plot SWEEP.py --train_dir DIR)") from None
+    return str(rec.get("name", arg.name)), arg, runs
+
+
+def run_plot_sweep(args: argparse.Namespace, panels: list[str]) -> Path:
+    """A sweep: one curve per configuration (mean over its seeds) with the band min..max across them."""
+    name, sweep_dir, runs = sweep_runs(args.exp_dirs[0], args.train_dir)
+    drawn = [(n, c, d) for n, c, d in runs if d.is_dir() and event_files(d)]
+    if not drawn:
+        raise ConfigError(f"{args.exp_dirs[0]}: no run of sweep {name!r} has TensorBoard event files yet (under "
+                          f"{sweep_dir}); start it with python -m sf.launch")
+    out = args.out if args.out is not None else sweep_dir / DEFAULT_OUT_NAME
+    check_out(out)
+    try:
+        scalars = {}
+        for n, _, d in drawn:  # a population's run: its first policy's curves
+            scalars[n] = next(iter(split_policies(n, read_scalar_events(d)).values()))
+    except OSError as e:
+        raise RunError(f"cannot read {e.filename or sweep_dir}: {e.strerror or e}") from None
+    series, unit = panel_series(scalars, panels, args.smooth)
+    bands = sweep_bands(series, {n: c for n, c, _ in drawn})
+    title = args.title or f"{name}: mean over seeds, band min..max ({len(drawn)} of {len(runs)} runs)"
+    try:
+        render_sweep(bands, unit, out, title)
+    except OSError as e:
+        raise RunError(f"cannot write {out}: {e.strerror or e}") from None
+    return out
+
+
 # --- command line ---
 
 def experiment_labels(dirs: list[Path]) -> list[str]:
@@ -300,15 +433,20 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog=prog, allow_abbrev=False,
                                    description="Learning curves (PNG) from the TensorBoard event files of experiments.")
     parser.add_argument("exp_dirs", nargs="+", type=Path, metavar="EXPERIMENT_DIR",
-                        help="experiment directories, such as train_dir/<experiment>; one line each per panel")
+                        help="experiment directories, such as train_dir/<experiment>; one line each per panel. Or one "
+                             "sweep (python -m sf.launch): its .py/.json file or its directory <train_dir>/<sweep>: "
+                             "one line per configuration, the mean over its seeds, with a band from min to max")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"the PNG to write (default: EXPERIMENT_DIR/{DEFAULT_OUT_NAME} for one experiment, "
                              f"./{DEFAULT_OUT_NAME} for several)")
     parser.add_argument("--smooth", type=float, default=0.6,
                         help="TensorBoard's smoothing weight, in [0, 1): 0 draws the values as written (default 0.6)")
-    parser.add_argument("--panels", default=",".join(PANELS),
-                        help=f"comma-separated panels among {', '.join(PANELS)} (default: all)")
+    parser.add_argument("--panels", default=None,
+                        help=f"comma-separated panels among {', '.join(PANELS)} (default: all; a sweep: "
+                             f"{SWEEP_PANELS})")
     parser.add_argument("--title", default=None, help="a title above the panels")
+    parser.add_argument("--train_dir", default=None,
+                        help="a sweep file's train dir, as given to python -m sf.launch (default: train_dir)")
     return parser
 
 
@@ -317,8 +455,16 @@ def run_plot(args: argparse.Namespace) -> Path:
     returns the path written."""
     if not (math.isfinite(args.smooth) and 0 <= args.smooth < 1):
         raise ConfigError(f"--smooth {args.smooth}: must be in [0, 1) (0: no smoothing; TensorBoard's default is 0.6)")
-    panels = parse_panels(args.panels)
     dirs: list[Path] = args.exp_dirs
+    sweep = any(is_sweep(d) for d in dirs)
+    panels = parse_panels(args.panels if args.panels is not None else SWEEP_PANELS if sweep else ",".join(PANELS))
+    if sweep:
+        if len(dirs) > 1:
+            raise ConfigError(f"{next(d for d in dirs if is_sweep(d))}: a sweep is plotted alone; give one sweep "
+                              "or experiment directories")
+        return run_plot_sweep(args, panels)
+    if args.train_dir is not None:
+        raise ConfigError("--train_dir goes with a sweep file (python -m sf.plot SWEEP.py --train_dir DIR)")
     for d in dirs:
         check_experiment_dir(d)
     seen: dict[Path, Path] = {}

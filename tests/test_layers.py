@@ -15,13 +15,14 @@ LAYERS = [
     {"sf.model"},
     {"sf.buffers"},
     {"sf.learning", "sf.sampling", "sf.distributed"},
-    {"sf.runner", "sf.enjoy", "sf.train", "sf.plot", "sf.eval", "sf.export", "sf.card", "sf.import_sf"},
+    {"sf.runner", "sf.enjoy", "sf.train", "sf.plot", "sf.eval", "sf.export", "sf.card", "sf.import_sf",
+     "sf.autolayout", "sf.launch"},
 ]
 # and within a layer, these never import each other
 SEPARATE = [{"sf.learning", "sf.sampling"}]
 # where a module may import the env integrations: where envs are made, listed or configured
 MAY_IMPORT_ENVS = {"sf.cfg", "sf.sampling", "sf.runner.runner", "sf.runner.preflight", "sf.runner.fork_server",
-                   "sf.enjoy", "sf.eval", "sf.export", "sf.import_sf"}
+                   "sf.enjoy", "sf.eval", "sf.export", "sf.import_sf", "sf.autolayout"}
 
 
 def unit(module: str) -> str:
