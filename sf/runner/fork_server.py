@@ -11,6 +11,10 @@ import signal
 # Signalled directly, the learner would die without its final checkpoint and the fork server with all its children.
 os.setpgid(0, 0)
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # before the line above took effect; kept by the forked workers
+# A batch system may signal every process of a job (Slurm's scancel and requeue: SIGTERM to each one): the runner gets
+# it too and stops the run in order; this process ends when the runner closes its end (multiprocessing's forkserver
+# exits on EOF). Each worker installs its own SIGTERM handler at start (supervision.child_main).
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 from sf.processes.control import set_process_name  # noqa: E402
 

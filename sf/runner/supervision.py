@@ -13,6 +13,7 @@ A child that is stuck (alive, but in a call that never returns) is found by the 
 from __future__ import annotations
 
 import faulthandler
+import functools
 import logging
 import os
 import sys
@@ -23,8 +24,8 @@ import traceback
 
 import psutil
 
-from sf.processes.control import (ParentDied, _raise_parent_died, die_with_parent, kill_processes, set_parent,
-                                 set_process_name)
+from sf.processes.control import (ParentDied, _raise_parent_died, die_with_parent, kill_processes, runner_alive,
+                                 set_parent, set_process_name)
 
 # torchrun (data-parallel ranks, sf/distributed.py): every line names its rank
 _RANK = f"[rank {os.environ.get('RANK', '0')}]" if os.environ.get("WORLD_SIZE", "1") != "1" else ""
@@ -195,6 +196,18 @@ def _release_fork_server() -> None:
         server._forkserver_alive_fd = None
 
 
+def _on_sigterm(unwind: bool, signum, frame) -> None:
+    """SIGTERM while the runner lives came from outside to every process of the run (Slurm's scancel and requeue signal
+    each process of a job, not only the runner): the runner got it too and stops the run in order, the learner writing
+    its final checkpoint, so it is ignored here. Without a runner it is the parent-death signal (`unwind`) or a stop:
+    unwind (ParentDied) or exit."""
+    if runner_alive():
+        return
+    if unwind:
+        _raise_parent_died(signum, frame)
+    os._exit(128 + signum)
+
+
 def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *args) -> None:
     """Entry point of every child process: set-up, run `target(*args)`, report a crash with its traceback.
 
@@ -206,8 +219,7 @@ def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *
     set_process_name(name)  # top, ps: which worker this is (sf:rollout_3)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner owns Ctrl-C and stops its children in order
     _release_fork_server()
-    if unwind:
-        signal.signal(signal.SIGTERM, _raise_parent_died)
+    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, unwind))
     die_with_parent(signal.SIGTERM if unwind else signal.SIGKILL)
     parent = os.getppid()  # the runner, or the fork server that started us on its behalf (it dies with it)
     set_parent(parent)

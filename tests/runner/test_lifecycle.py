@@ -131,12 +131,15 @@ def test_serial_mode_runs_layouts_with_more_envs_than_two_batches(tmp_path):
     assert max(frames) >= 30000
 
 
-@pytest.mark.parametrize("sig,serial", [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)],
-                         ids=["ctrl_c", "ctrl_c_serial", "sigterm"])
-def test_signal_to_the_process_group(tmp_path, sig, serial):
+@pytest.mark.parametrize("sig,serial,every_process", [(signal.SIGINT, False, False), (signal.SIGINT, True, False),
+                                                       (signal.SIGTERM, False, False), (signal.SIGTERM, False, True)],
+                         ids=["ctrl_c", "ctrl_c_serial", "sigterm", "sigterm_every_process"])
+def test_signal_to_the_process_group(tmp_path, sig, serial, every_process):
     """Ctrl-C in a terminal signals the whole foreground process group, and so do `timeout` and batch systems with
     SIGTERM, not only train.py: the run still stops in order within 10 s, exit 0, with the learner's final checkpoint,
-    no traceback, nothing left."""
+    no traceback, nothing left. Slurm's scancel and requeue signal every process of the job, each one, whatever its
+    group (every_process): the workers and the fork server leave the stop to the runner (the learner was killed before
+    it saved, with the fork server)."""
     tag = uuid.uuid4().hex
     log = tmp_path / "console.txt"
     p = start(["--env", "test_corridor", "--experiment", "e", "--train_dir", str(tmp_path), "--num_workers", "2",
@@ -145,7 +148,14 @@ def test_signal_to_the_process_group(tmp_path, sig, serial):
     try:
         assert wait_until(lambda: re.search(r"Policy version: [1-9]", log.read_text()), 90), log.read_text()[-2000:]
         t0 = time.time()
-        os.killpg(p.pid, sig)
+        if every_process:
+            for pid in tagged(tag):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        else:
+            os.killpg(p.pid, sig)
         rc = p.wait(timeout=30)
         took = time.time() - t0
     finally:
