@@ -10,9 +10,19 @@ SF_STAMP := $(SF_VENV)/.installed
 # override it: make train TRAIN_ARGS="--env doom_basic --experiment quickstart --train_for_seconds 300"
 TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_env_steps 400000
 
-.PHONY: setup setup-sf train test test-fast test-slow test-gpu bench clean
+.PHONY: setup setup-sf setup-slurm train test test-fast test-slow test-gpu bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) setup-slurm
+
+# Slurm and munge (Debian's slurm-wlm, munge): the sweep launcher's Slurm backend, and the single-node cluster that
+# tests/launch/test_slurm.py starts for itself. Installed as root with apt-get; elsewhere, or if that fails, a warning
+# (those tests skip, saying why) and the rest of the set-up stands.
+setup-slurm:
+	@PATH="$$PATH:/usr/sbin:/sbin"; command -v sbatch >/dev/null && command -v slurmctld >/dev/null && \
+	  command -v slurmd >/dev/null && command -v munged >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; } || \
+	  echo "warning: Slurm not installed (as root: apt-get install slurm-wlm munge); tests/launch/test_slurm.py skips"
 
 # Sample Factory 2.1.1 in a venv of its own: the reference that tests/test_import_sf.py checks imported experiments
 # against (not a dependency of the package; those tests skip, saying why, without it). A failure (offline, say) is a
@@ -45,7 +55,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard cpp/ipc/*.cpp cpp/ipc/*.h)
 train: setup
 	$(PY) train.py $(TRAIN_ARGS)
 
-test: setup setup-sf
+test: setup setup-sf setup-slurm
 	$(PY) -m pytest -q
 
 # the fast loop: no test that starts processes (marker e2e)
