@@ -105,7 +105,10 @@ RUN_PARAMS: list[Param] = [
 SAMPLING_PARAMS: list[Param] = [
     Param("num_workers", int, min(os.cpu_count() or 1, 200), "Number of rollout worker processes (at most 200: each "
           "policy worker is sent every rollout worker's reply queue, one file descriptor apiece, and a new process "
-          "can be sent at most 251)", scope="train", min_value=1, max_value=200),
+          "can be sent at most 251). auto: the layout python -m sf.autolayout measured for this env on this machine "
+          "(cached; measured first, in under a minute, where none is): it also sets --num_envs_per_worker, "
+          "--worker_num_splits, --policy_workers_per_policy and --learner_torch_threads unless given",
+          scope="train", min_value=1, max_value=200),
     Param("num_envs_per_worker", int, 2, "Envs per rollout worker", scope="train", min_value=1, max_value=4096),
     Param("worker_num_splits", int, 2, "Groups the envs of a worker are split into (2 = double-buffered sampling)",
           scope="train", min_value=1, max_value=4096),
@@ -176,12 +179,23 @@ RUNTIME_PARAMS: list[Param] = [
           max_value=10**6),
     Param("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1,
           max_value=1024),
+    Param("precision", str, "auto", "Arithmetic of the observation encoder in the learner and the policy "
+          "workers: float32, or bfloat16 (torch.autocast; weights, optimizer state, RNN, heads, losses and V-trace stay "
+          "float32). auto: bfloat16 for convolutional encoders in asynchronous mode where the hardware computes it "
+          "natively (CPUs with AVX512-BF16 or AMX: about 1.4x faster learner steps on the paper's Doom model; CUDA "
+          "GPUs with bf16), float32 otherwise and in --sync_mode hts/ppo", choices=("auto", "float32", "bfloat16"),
+          scope="train"),
+    Param("policy_worker_batch_wait_ms", float, 5.0, "Asynchronous mode: a policy worker that has fewer requests than "
+          "one per rollout worker it serves waits up to this long for more before its forward pass (a forward costs "
+          "nearly as much for a few rows as for many: fewer, larger batches save compute; the rollout workers step "
+          "their other env group meanwhile). 0: serve whatever has arrived", scope="train", min_value=0.0,
+          max_value=1000.0),
     Param("distributed_timeout_sec", float, 300.0, "torchrun (data-parallel learners): how long a learner waits for "
           "the other ranks (to form the group, at each training batch and SGD step) before the run stops; a rank that "
           "dies is noticed at once", scope="train", min_value=1.0, max_value=86400.0),
-    Param("learner_torch_threads", int, 0, "torch threads of the learner (0: the number of cores; with --sync_mode "
-          "hts half of them, since collection runs beside training: learner threads contending with the workers for "
-          "the cores slow both)", scope="train", min_value=0, max_value=1024),
+    Param("learner_torch_threads", int, 0, "torch threads of the learner (0: half the cores in async and hts modes, "
+          "where collection runs beside training: learner threads contending with the workers for the cores spin at "
+          "every barrier; every core in ppo mode, where the actors wait)", scope="train", min_value=0, max_value=1024),
     Param("sampler_only", str2bool, False, "Benchmark: the learner returns trajectories unused (measures the sampler "
           "alone)", scope="train"),
     Param("random_policy", str2bool, False, "Benchmark: policy workers sample uniform random actions without the "

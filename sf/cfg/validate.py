@@ -217,6 +217,9 @@ def verify(cfg, mode: str = "train") -> None:
             raise ConfigError(f"--sync_mode {cfg.sync_mode}: a training batch is one --rollout of every env "
                               f"({cfg.num_workers} x {cfg.num_envs_per_worker} x {cfg.rollout} = {per_batch} samples); "
                               f"--batch_size ({cfg.batch_size}) must divide it (or be at least {per_batch})")
+    if mode == "train" and cfg.sync_mode != "async" and getattr(cfg, "precision", "auto") == "bfloat16":
+        raise ConfigError(f"--precision bfloat16: --sync_mode {cfg.sync_mode} computes in float32 (its bit-for-bit "
+                          "guarantee across layouts is float32's); use --precision auto or float32")
     if mode == "train" and cfg.num_policies > 1 and cfg.sync_mode != "async":
         raise ConfigError(f"--sync_mode {cfg.sync_mode} trains one policy; a population (--num_policies "
                           f"{cfg.num_policies}) needs --sync_mode async")

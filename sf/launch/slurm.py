@@ -236,7 +236,7 @@ def _states(sweep: Sweep) -> list[tuple[Run, object, str, str]]:
     return rows
 
 
-def status(sweep: Sweep, args=None, out=sys.stdout) -> int:
+def status(sweep: Sweep, args=None, out=None) -> int:
     """Print each run's state (queued, running with frames and reward, done, failed with its last log line) as
     sf.launch.summary's table, then the Slurm task of each run that has one."""
     from sf.launch.summary import status_table
@@ -254,7 +254,7 @@ def status(sweep: Sweep, args=None, out=sys.stdout) -> int:
     return 0
 
 
-def cancel(sweep: Sweep, args=None, out=sys.stdout) -> int:
+def cancel(sweep: Sweep, args=None, out=None) -> int:
     """scancel every job the sweep submitted; the runs that had not started are recorded interrupted (the running
     ones record it themselves when Slurm's SIGTERM stops them)."""
     rec = slurm_record(sweep)
@@ -280,7 +280,7 @@ def cancel(sweep: Sweep, args=None, out=sys.stdout) -> int:
     return 0
 
 
-def launch(sweep: Sweep, args, out=sys.stdout) -> int:
+def launch(sweep: Sweep, args, out=None) -> int:
     """Submit the runs not done yet as one job array (or print the script and command: --dry_run). Exit code: 0
     submitted (or nothing to do); SweepError (exit 2, nothing submitted) when Slurm cannot be reached or refuses."""
     o = _options(args)

@@ -49,6 +49,10 @@ class StepOutput(NamedTuple):
 
 
 class ActorCritic(nn.Module):
+    # the image/vector encoders' arithmetic: None (float32) or torch.bfloat16 (torch.autocast); cores and heads compute in
+    # float32 from float32 features. Set by the processes that run the model (resolve_precision), not saved.
+    compute_dtype: Optional[torch.dtype] = None
+
     def __init__(self, cfg, obs_space, action_space, channels_last: bool = True):
         super().__init__()
         self.obs_space, self.action_space = obs_space, action_space
@@ -134,6 +138,15 @@ class ActorCritic(nn.Module):
         b, s = dones.shape[:2]
         return core.sequence(feats.view(b, s, -1).transpose(0, 1).contiguous(), rnn_states, dones, recurrence)
 
+    def _encode(self, encoder: ObsEncoder, obs: dict) -> torch.Tensor:
+        """encoder(obs) [B, F] in float32, computed in compute_dtype (autocast) when one is set. Only the encoder: the
+        convolutions are most of the cost, and oneDNN's bfloat16 GRU/LSTM backward over long segments (few episode
+        ends in a trajectory) was measured 3x slower than float32's."""
+        if self.compute_dtype is None:
+            return encoder(obs)
+        with torch.autocast(self.critic.weight.device.type, dtype=self.compute_dtype):
+            return encoder(obs).float()
+
     def _denormalize_values(self, v: torch.Tensor) -> torch.Tensor:
         return self.returns_normalizer.denormalize(v) if self.returns_normalizer is not None else v
 
@@ -141,14 +154,14 @@ class ActorCritic(nn.Module):
     def forward_step(self, obs: dict, rnn_states: torch.Tensor) -> StepOutput:
         """obs: key -> [B, *shape] (storage dtype); rnn_states [B, H] -> StepOutput."""
         if self.critic_core is None:
-            x, new_states = self.core.step(self.encoder(obs), rnn_states)
-            logits, values = self._heads(x, x)
+            x, new_states = self.core.step(self._encode(self.encoder, obs), rnn_states)
+            c = x
         else:
             actor_states, critic_states = rnn_states.split(self.state_sizes, dim=-1)
-            x, new_actor = self.core.step(self.encoder(obs), actor_states)
-            c, new_critic = self.critic_core.step(self.critic_encoder(obs), critic_states)
-            logits, values = self._heads(x, c)
+            x, new_actor = self.core.step(self._encode(self.encoder, obs), actor_states)
+            c, new_critic = self.critic_core.step(self._encode(self.critic_encoder, obs), critic_states)
             new_states = torch.cat([new_actor, new_critic], dim=-1)
+        logits, values = self._heads(x, c)
         return StepOutput(self._mask(logits, obs), self._denormalize_values(values), new_states)
 
     forward = forward_step
@@ -163,11 +176,12 @@ class ActorCritic(nn.Module):
         b, s = dones.shape[:2]
         flat = {k: v.reshape(b * s, *v.shape[2:]) for k, v in obs.items()}
         if self.critic_core is None:
-            x = c = self._core_sequence(self.core, self.encoder(flat), rnn_states, dones, recurrence)
+            x = c = self._core_sequence(self.core, self._encode(self.encoder, flat), rnn_states, dones, recurrence)
         else:
             actor_states, critic_states = rnn_states.split(self.state_sizes, dim=-1)
-            x = self._core_sequence(self.core, self.encoder(flat), actor_states, dones, recurrence)
-            c = self._core_sequence(self.critic_core, self.critic_encoder(flat), critic_states, dones, recurrence)
+            x = self._core_sequence(self.core, self._encode(self.encoder, flat), actor_states, dones, recurrence)
+            c = self._core_sequence(self.critic_core, self._encode(self.critic_encoder, flat), critic_states, dones,
+                                    recurrence)
         logits, values = self._heads(x, c)  # recurrent: [S, B, L], [S, B]; feed-forward: [B*S, L], [B*S]
         if self.is_recurrent:
             logits, values = logits.transpose(0, 1), values.transpose(0, 1)
@@ -192,6 +206,30 @@ class ActorCritic(nn.Module):
         self.encoder.update_normalizers(obs, valid)
         if self.critic_encoder is not None:
             self.critic_encoder.update_normalizers(obs, valid)
+
+
+def native_bfloat16(device) -> bool:
+    """Whether `device` computes bfloat16 natively (CPU: AVX512-BF16 or AMX; CUDA: the GPU's bf16 support): there
+    bfloat16 convolutions and matrix products are faster than float32; elsewhere they are emulated, slower."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        cpu = torch.cpu
+        return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+                    or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+    return False
+
+
+def resolve_precision(choice: str, model: nn.Module, device, deterministic: bool) -> Optional[torch.dtype]:
+    """--precision -> ActorCritic.compute_dtype. auto: bfloat16 for a convolutional encoder on hardware that computes
+    it natively, unless `deterministic` (hts/ppo, evaluation: their bit-for-bit guarantees are float32's)."""
+    if choice == "bfloat16":
+        return torch.bfloat16
+    if choice == "float32" or deterministic:
+        return None
+    has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    return torch.bfloat16 if has_conv and native_bfloat16(device) else None
 
 
 def create_actor_critic(cfg, obs_space, action_space, channels_last: bool = True) -> ActorCritic:

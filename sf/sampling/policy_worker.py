@@ -29,7 +29,7 @@ from queue import Empty
 import numpy as np
 import torch
 
-from sf.model.actor_critic import create_actor_critic
+from sf.model.actor_critic import create_actor_critic, resolve_precision
 from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
 
 
@@ -55,8 +55,14 @@ class PolicyWorker:
         self.group_size = env_slots.shape[1] // cfg.worker_num_splits  # agents per group
         self.random_policy = getattr(cfg, "random_policy", False)
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
+        self.model.compute_dtype = resolve_precision(getattr(cfg, "precision", "float32"), self.model, self.device,
+                                                     deterministic=self.sync)
         self.version = -1
         self.max_requests = cfg.num_workers * cfg.worker_num_splits
+        # async: wait briefly for one request per rollout worker this worker serves (see run_once); the sync modes'
+        # intervals end with fewer requests in flight, and their batches' composition does not change their cost
+        self.batch_requests = max(1, cfg.num_workers // max(1, getattr(cfg, "policy_workers_per_policy", 1)))
+        self.batch_wait = 0.0 if self.sync else getattr(cfg, "policy_worker_batch_wait_ms", 0.0) / 1000.0
         self.splits = cfg.worker_num_splits
         self.epoch = shared_state.epoch_np if shared_state is not None else np.zeros(cfg.num_workers, dtype=np.int64)
         self.serving = shared_state.serving_np if shared_state is not None else np.zeros(1, dtype=np.int64)
@@ -105,11 +111,29 @@ class PolicyWorker:
             requests = self.queues.policy.get_many(timeout=timeout, max_messages_to_get=self.max_requests)
         except Empty:
             return 0
+        if len(requests) < self.batch_requests and self.batch_wait > 0:
+            requests = self._more_requests(requests)
         self.serving[self.serving_row] += 1  # odd: serving (before the epochs are read: see the module docstring)
         try:
             return self._serve(np.asarray(requests, dtype=np.int64))  # [R, (worker, epoch * splits + group)]
         finally:
             self.serving[self.serving_row] += 1
+
+    def _more_requests(self, requests: list) -> list:
+        """Wait up to --policy_worker_batch_wait_ms for more requests, until one per rollout worker served has come:
+        a forward pass of a convolutional model costs nearly as much for 4 rows as for 16 (weights read, per-call
+        overhead), and the rollout workers step their other env group while their request waits."""
+        deadline = time.monotonic() + self.batch_wait
+        while len(requests) < self.batch_requests:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                requests = requests + self.queues.policy.get_many(
+                    timeout=left, max_messages_to_get=self.max_requests - len(requests))
+            except Empty:
+                break
+        return requests
 
     def _serve(self, req: np.ndarray) -> int:
         epochs, groups = np.divmod(req[:, 1], self.splits)
