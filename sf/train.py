@@ -24,9 +24,16 @@ def _prog() -> str:
     return "python -m sf.train" if name in ("", "-c", "-m", "train.py", "__main__.py") else name
 
 
+def _auto_layout(cfg, explicit):
+    """--num_workers auto: the layout sf.autolayout cached for this env and machine (measured now if none is)."""
+    from sf.autolayout import resolve_auto
+    return resolve_auto(cfg, explicit)
+
+
 def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
     """Parse argv (default: the command line), train; returns the exit code (bad input: one line, exit code 2)."""
-    return cli_main(run, mode="train", prog=prog or _prog(), argv=None if argv is None else list(argv))
+    return cli_main(run, mode="train", prog=prog or _prog(), argv=None if argv is None else list(argv),
+                    auto_layout=_auto_layout)
 
 
 if __name__ == "__main__":

@@ -148,10 +148,21 @@ def save_cfg(cfg, exp_dir: Path) -> Path:
 
 
 # --- one configuration, layer over layer ----------------------------------------------------------------------------
-def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: str = "train.py") -> argparse.Namespace:
+def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: str = "train.py",
+              auto_layout: Optional[Callable] = None) -> argparse.Namespace:
     """Resolve the configuration of one run (see the module docstring for the layers). Raises ConfigError.
-    Reads the preset and the saved config.json; writes nothing."""
+    Reads the preset and the saved config.json; writes nothing.
+
+    `--num_workers auto` (train mode): `auto_layout(cfg, explicit) -> (source, {parameter: value}, log line)` gives
+    the layout over every other layer except the flags given (sf.train passes sf.autolayout.resolve_auto, which reads
+    its cache or measures); without it, "auto" is one line naming the flag."""
     raw = vars(build_parser(mode, prog).parse_args(argv))
+    auto = mode == "train" and isinstance(raw.get("num_workers"), str) and raw["num_workers"].strip().lower() == "auto"
+    if auto:
+        if auto_layout is None:
+            raise ConfigError("--num_workers auto (a measured layout) is train.py's (python -m sf.train); here give a "
+                              "number in [1, 200]")
+        del raw["num_workers"]
     sf_given = {k[len(SF_DEST):]: raw.pop(k) for k in list(raw) if k.startswith(SF_DEST)}
     if not raw.get("env"):
         raise ConfigError("--env is required, e.g. --env doom_basic (see --help)")
@@ -170,13 +181,23 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
     validate_train_dir(values["train_dir"])  # before the saved config is looked for under them
     validate_experiment_name(values["experiment"])
     saved = _layer_saved_config(values, explicit, params, mode)
+    if auto:  # the measured layout, under the flags given (checked as a file's values, naming the file)
+        pre = dict(values, num_workers=1)  # bad input is one line before anything is measured; the layout to come
+        pre["worker_num_splits"] = values["worker_num_splits"] if "worker_num_splits" in explicit else 1  # fits any
+        pre["num_envs_per_worker"] = values["num_envs_per_worker"] if "num_envs_per_worker" in explicit else \
+            pre["worker_num_splits"]
+        verify(argparse.Namespace(**pre), mode)
+        source, layout, note = auto_layout(argparse.Namespace(**values), frozenset(explicit))
+        values.update({k: from_file(source, k, params[k], v) for k, v in layout.items() if k not in explicit})
+        notes.append(note)
     if mode == "train":
-        envs_given = "num_envs_per_worker" in explicit or "num_envs_per_worker" in saved
+        envs_given = "num_envs_per_worker" in explicit or "num_envs_per_worker" in saved or auto
         notes += _training_defaults(values, envs_given)
     cfg = argparse.Namespace(**values)
     verify(cfg, mode)
     cfg._notes = notes  # for the log; not a parameter, not saved
-    cfg._explicit = frozenset(explicit)  # the parameters given on the command line (a resumed PBT run: over its state)
+    # the parameters given on the command line (a resumed PBT run: over its state); --num_workers auto is one of them
+    cfg._explicit = frozenset(explicit) | ({"num_workers"} if auto else set())
     return cfg
 
 
@@ -243,9 +264,10 @@ def _training_defaults(values: dict, envs_given: bool) -> list[str]:
 
 
 # --- entry points -----------------------------------------------------------------------------------------------------
-def cli_main(main: Callable[[argparse.Namespace], int], mode: str, prog: str, argv=None) -> int:
+def cli_main(main: Callable[[argparse.Namespace], int], mode: str, prog: str, argv=None,
+             auto_layout: Optional[Callable] = None) -> int:
     """Parse the command line, run `main(cfg)`; errors as in run_guarded."""
-    return run_guarded(prog, lambda: main(parse_cfg(argv, mode=mode, prog=prog)))
+    return run_guarded(prog, lambda: main(parse_cfg(argv, mode=mode, prog=prog, auto_layout=auto_layout)))
 
 
 def run_guarded(prog: str, body: Callable[[], int]) -> int:
