@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from gymnasium import spaces  # noqa: E402
 
 from sf.learning.appo import APPO  # noqa: E402
-from sf.model.actor_critic import create_actor_critic  # noqa: E402
+from sf.model.actor_critic import create_actor_critic, resolve_precision  # noqa: E402
 from sf.model.encoders import CONV_ARCHITECTURES, RESNET_ARCHITECTURES  # noqa: E402
 
 
@@ -194,6 +194,8 @@ def main() -> None:
     p.add_argument("--no_channels_last", action="store_true", help="conv activations in NCHW instead of NHWC")
     p.add_argument("--cpu_block", type=int, default=None, help="frames per conv call on CPU (default: the model's)")
     p.add_argument("--per_step", action="store_true", help="also time the per-time-step reference learner")
+    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16", "auto"),
+                   help="the encoder's arithmetic (train.py --precision; auto as in async training)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: on CUDA, also timed with the batch's gather out "
                    "of shared memory in each step (TrajectoryBuffers.gather: the learner's pinned staging and asynchronous "
                    "copy; trajectories live in host shared memory)")
@@ -222,6 +224,7 @@ def main() -> None:
         if args.cpu_block is not None:
             model.encoder.obs_encoder.cpu_block = args.cpu_block
         model.to(args.device)
+        model.compute_dtype = resolve_precision(args.precision, model, args.device, deterministic=False)
         appo = APPO(model, cfg, args.device)
         host = make_batch(model, n, t)
         exp = to_device(host, args.device)
@@ -230,7 +233,7 @@ def main() -> None:
         def step():
             appo.train(exp, version[0])
         sec = timeit(step, args.warmup, args.iters, args.device)
-        line = (f"{arch} threads={threads}: APPO.train {sec * 1000:.0f} ms/batch (median), "
+        line = (f"{arch} threads={threads} encoder {model.compute_dtype or torch.float32}: APPO.train {sec * 1000:.0f} ms/batch (median), "
                 f"{args.batch_size / sec:.0f} samples/s")
         if arch == "convnet_simple":
             line += f" (x{args.batch_size / sec / NAIVE_BASELINE:.1f} the naive baseline's {NAIVE_BASELINE:.0f})"

@@ -170,7 +170,7 @@ def learner_limit(cfg, iters: int) -> tuple[float, int, float, float]:
     share)."""
     from sf.learning.appo import APPO
     from sf.learning.learner import learner_threads
-    from sf.model.actor_critic import create_actor_critic
+    from sf.model.actor_critic import create_actor_critic, resolve_precision
     from sf.processes.control import limit_threads
     from sf.runner.preflight import probe_env
     threads = learner_threads(cfg)
@@ -178,7 +178,8 @@ def learner_limit(cfg, iters: int) -> tuple[float, int, float, float]:
     obs_space, action_space = probe_env(cfg)[:2]
     torch.manual_seed(0)
     model = create_actor_critic(cfg, obs_space, action_space)
-    appo = APPO(model, cfg, "cpu")
+    model.compute_dtype = resolve_precision(cfg.precision, model, "cpu", deterministic=cfg.sync_mode != "async")
+    appo = APPO(model, cfg, "cpu")  # (the learner's own precision, as Learner.__init__ resolves it)
     exp = fake_batch(cfg, model, obs_space, action_space)
     samples = exp["rewards"].numel()
     machine0, cpu0 = machine_cpu(), time.process_time()

@@ -109,7 +109,10 @@ def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict |
     interrupted, first_frames = False, None
     frames, progress_at, loads, stalled = -1, t0, [], False
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # SIGINT back to its default in the child: started from a background job, this script inherits it ignored,
+        # and Python then installs no KeyboardInterrupt handler (Sample Factory stops on KeyboardInterrupt)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         while proc.poll() is None:
             time.sleep(2)
             loads.append(os.getloadavg()[0])

@@ -118,3 +118,37 @@ def test_sync_mode_outputs_do_not_depend_on_the_batch(mode):
         results[m] = [torch.equal(a, b) for a, b in zip(alone, crowd)]
     assert all(results[mode]), results
     assert not all(results["async"][1:]), "the kernels here are batch-invariant: this test cannot show the chunking"
+
+
+@pytest.mark.parametrize("wait_ms", [0.0, 1000.0])
+def test_waits_for_one_request_per_worker_before_its_forward(wait_ms):
+    """--policy_worker_batch_wait_ms: a policy worker holding fewer requests than rollout workers waits (up to that
+    long) for more, so that one forward serves them together; 0 serves what has arrived. The second request comes
+    50 ms after the first, well inside the 1-s wait."""
+    import threading
+    cfg = parse_cfg(["--env", "test_image", "--num_workers", "2", "--num_envs_per_worker", "4", "--rollout", "8",
+                     "--recurrence", "8", "--device", "cpu", "--train_dir", "/tmp/unused",
+                     "--policy_worker_batch_wait_ms", str(wait_ms)])
+    env = make_env(cfg, 0)
+    obs_space, action_space = env.observation_space, env.action_space
+    env.close()
+    model = create_actor_critic(cfg, obs_space, action_space)
+    buffers = TrajectoryBuffers(16, cfg.rollout, obs_space, action_space, model.rnn_state_size)
+    env_slots = torch.zeros((2, 4, 2), dtype=torch.int64).share_memory_()
+    env_slots[:, :, 0] = torch.arange(8).view(2, 4)
+    weights = SharedWeights(model)
+    weights.publish(model, 1)
+    queues = SimpleNamespace(policy=Queue(), workers=[Queue() for _ in range(2)])
+    pw = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, weights, "cpu")
+    pw.wait_for_weights(lambda: False)
+    queues.policy.put((0, 0))
+    late = threading.Timer(0.05, lambda: queues.policy.put((1, 1)))
+    late.start()
+    try:
+        first = pw.run_once(timeout=1.0)
+    finally:
+        late.join()
+    group = 4 // cfg.worker_num_splits
+    assert first == (2 * group if wait_ms else group)  # both groups in one forward, or the first alone
+    for q in (queues.policy, *queues.workers):
+        q.close()
