@@ -128,7 +128,7 @@ def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict |
                 os.killpg(proc.pid, signal.SIGKILL)  # its own session: the run's workers go with it
                 proc.wait()
                 stalled = True
-    return {"rc": proc.returncode, "stalled": stalled, "wall": time.time() - t0,
+    return {"rc": proc.returncode, "stalled": stalled, "interrupted": interrupted, "wall": time.time() - t0,
             "log": ANSI_RE.sub("", log_path.read_text(errors="replace")),
             "load": statistics.mean(loads) if loads else os.getloadavg()[0]}
 
@@ -159,7 +159,8 @@ def parse(side: str, result: dict, summary_dir: Path) -> dict:
         points = read_event_scalars(summary_dir).get("reward/reward", [])
         reward = points[-1][1] if points else reward
     error = ""
-    if result["rc"] != 0 or result["stalled"]:
+    # (Sample Factory exits with 2 when SIGINT stops it: a stop we asked for is no error)
+    if (result["rc"] != 0 and not result.get("interrupted")) or result["stalled"]:
         errors = [m.group(1) for line in log.splitlines() if (m := ERROR_RE.search(line.strip()))]
         lines = [line for line in log.splitlines() if line.strip()]
         error = (f"stalled {result['rc']}: " if result["stalled"] else f"exit {result['rc']}: ") + \
