@@ -170,25 +170,30 @@ def panel_series(runs: dict[str, dict[str, list[tuple[int, float, float]]]], pan
 
 # --- drawing ---
 
-def render(series: dict[str, list[Series]], unit: str, labels: list[str], smooth: float, out: Path,
-           title: str | None = None) -> None:
-    """Draws the panels of `series` (from `panel_series`) into a PNG at `out`, written atomically (write_atomic), so
-    `out` is either the previous file or the complete new one. labels fixes each experiment's colour.
-    Raises OSError when the file cannot be written."""
+def _figure(n: int):
+    """A figure of n panels, two per row: (Figure, axes [n...] flat, the unused ones hidden). A Figure with its own Agg
+    canvas, not pyplot: headless whatever backend the caller's matplotlib has chosen."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import EngFormatter
-
-    colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
-    n = len(series)
     ncols = 1 if n == 1 else 2
     nrows = math.ceil(n / ncols)
-    # a Figure with its own Agg canvas, not pyplot: headless whatever backend the caller's matplotlib has chosen
     fig = Figure(figsize=(6.4 * ncols, 4.4 * nrows), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax in axes[n:]:
         ax.set_visible(False)
+    return fig, axes
+
+
+def render(series: dict[str, list[Series]], unit: str, labels: list[str], smooth: float, out: Path,
+           title: str | None = None) -> None:
+    """Draws the panels of `series` (from `panel_series`) into a PNG at `out`, written atomically (write_atomic), so
+    `out` is either the previous file or the complete new one. labels fixes each experiment's colour.
+    Raises OSError when the file cannot be written."""
+    from matplotlib.ticker import EngFormatter
+
+    colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    fig, axes = _figure(len(series))
     for ax, (name, curves) in zip(axes, series.items()):
         spec = PANELS[name]
         ax.set_title(spec.title)
@@ -267,20 +272,11 @@ def sweep_bands(series: dict[str, list[Series]], config_of: dict[str, str]) -> d
 def render_sweep(bands: dict[str, list[Band]], unit: str, out: Path, title: str) -> None:
     """Draws the panels of `bands` (one line per configuration: the mean over seeds, its band min..max) into a PNG
     at `out`, written atomically. Raises OSError when the file cannot be written."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.ticker import EngFormatter
 
     configs = list(dict.fromkeys(b.config for bs in bands.values() for b in bs))
     colors = {c: f"C{i % 10}" for i, c in enumerate(configs)}
-    n = len(bands)
-    ncols = 1 if n == 1 else 2
-    nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(6.4 * ncols, 4.4 * nrows), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax in axes[n:]:
-        ax.set_visible(False)
+    fig, axes = _figure(len(bands))
     for ax, (name, bs) in zip(axes, bands.items()):
         spec = PANELS[name]
         ax.set_title(spec.title.split(" (")[0])
