@@ -259,7 +259,7 @@ def run_card(args: argparse.Namespace, prog: str) -> Path:
     curves = exp_dir / CURVES_NAME if event_files(exp_dir) else None
     text = card_text(exp_dir, cfg, saved, curves)  # every check, before anything is written
     if curves is not None:
-        run_plot(argparse.Namespace(exp_dirs=[exp_dir], out=curves, smooth=0.6, panels="reward,fps",
+        run_plot(argparse.Namespace(exp_dirs=[exp_dir], out=curves, smooth=0.6, panels="reward,fps", train_dir=None,
                                     title=f"{exp_dir.name} ({cfg.env})"))
     path = exp_dir / "README.md"
     try:
