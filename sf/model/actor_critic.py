@@ -38,7 +38,7 @@ from torch import nn
 from sf.model.action_spaces import (ACTION_MASK_KEY, action_distribution, action_heads, check_action_mask, mask_logits,
                                     num_action_logits)
 from sf.model.cores import IdentityCore, RecurrentCore
-from sf.model.encoders import ObsEncoder
+from sf.model.encoders import ImageEncoder, ObsEncoder
 from sf.model.normalization import RunningMeanStd
 
 
@@ -199,6 +199,32 @@ class ActorCritic(nn.Module):
     def action_distribution(self, logits: torch.Tensor):
         """Distribution over actions for logits [..., L] (see sf.model.action_spaces)."""
         return action_distribution(self.action_space, logits)
+
+    def cast_for_inference(self) -> "ActorCritic":
+        """An acting copy (policy workers) with its matrix weights stored in `compute_dtype` (None: unchanged).
+
+        The encoders' layers get the weights autocast would cast on every forward, so the encoders compute exactly
+        what they compute in float32 storage (each image encoder's first convolution stays float32: its weights are
+        scaled by the input preprocessing first, in float32, see ImageEncoder); the recurrent cores' weights make
+        their gate products run in `compute_dtype` (RecurrentCore.step). Weights loaded later are converted by the
+        copy (SharedWeights.load_into), once per published version instead of once per forward. The learner keeps
+        its cores in float32 (see _encode), so the behaviour policy differs from the learner's by the rounding of
+        the gate products: the log-probabilities stored with each action are the acting policy's own, and V-trace
+        and the PPO ratio correct for the difference as for policy lag. Heads and critic stay float32."""
+        dtype = self.compute_dtype
+        if dtype is None:
+            return self
+        for encoder in (self.encoder, self.critic_encoder):
+            if encoder is None:
+                continue
+            keep = {id(m.first_conv) for m in encoder.modules() if isinstance(m, ImageEncoder)}
+            for m in encoder.modules():
+                if isinstance(m, (nn.Linear, nn.Conv2d)) and id(m) not in keep:
+                    m.to(dtype)
+        for core in (self.core, self.critic_core):
+            if isinstance(core, RecurrentCore):
+                core.rnn.to(dtype)
+        return self
 
     @torch.no_grad()
     def update_normalizers(self, obs: dict, valid: Optional[torch.Tensor] = None) -> None:

@@ -15,6 +15,7 @@ segment in one matmul, the time loop in C++), so Python only loops over segments
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -61,6 +62,8 @@ class RecurrentCore(nn.Module):
 
     def step(self, x: torch.Tensor, state: torch.Tensor):
         """x [B, F], state [B, H] -> (out [B, R], new_state [B, H])."""
+        if self.rnn.weight_ih_l0.dtype != torch.float32:
+            return self._step_low_precision(x, state)
         if not self.is_lstm:  # one step: the GRU cell on nn.GRU's own weights (skips the sequence-RNN set-up:
             # ~0.9 -> ~0.5 ms at the policy worker's batch of 2 on CPU; same numbers), layer after layer
             state, r, new = state.to(x.dtype), self.rnn_size, []
@@ -70,6 +73,31 @@ class RecurrentCore(nn.Module):
             return x, (x if len(new) == 1 else torch.cat(new, dim=-1))
         out, hidden = self.rnn(x.unsqueeze(0), self._unpack(state))
         return out[0], self._pack(hidden)
+
+    def _step_low_precision(self, x: torch.Tensor, state: torch.Tensor):
+        """`step` with the weights in a lower precision (a policy worker's acting copy, ActorCritic.cast_for_inference):
+        each layer's two gate products x W_ih^T + b_ih and h W_hh^T + b_hh in the weights' dtype, the gate arithmetic
+        of torch.gru_cell / lstm_cell and the state in float32. x [B, F], state [B, H] -> (out [B, R], new [B, H])."""
+        dtype, r = self.rnn.weight_ih_l0.dtype, self.rnn_size
+        width = 2 * r if self.is_lstm else r  # one layer's part of the packed state
+        new = []
+        for i, (w_ih, w_hh, b_ih, b_hh) in enumerate(self.rnn.all_weights):
+            layer = state[:, i * width:(i + 1) * width].float()
+            h = layer[:, :r]
+            gx = F.linear(x.to(dtype), w_ih, b_ih).float()  # [B, G * R], G = 3 (GRU: r, z, n) or 4 (LSTM: i, f, g, o)
+            gh = F.linear(h.to(dtype), w_hh, b_hh).float()
+            if self.is_lstm:
+                gi, gf, gg, go = (gx + gh).chunk(4, dim=1)
+                c = torch.sigmoid(gf) * layer[:, r:] + torch.sigmoid(gi) * torch.tanh(gg)
+                x = torch.sigmoid(go) * torch.tanh(c)
+                new.append(torch.cat([x, c], dim=1))
+            else:
+                xr, xz, xn = gx.chunk(3, dim=1)
+                hr, hz, hn = gh.chunk(3, dim=1)
+                n = torch.tanh(xn + torch.sigmoid(xr + hr) * hn)
+                x = n + torch.sigmoid(xz + hz) * (h - n)  # (1 - z) n + z h
+                new.append(x)
+        return x, (new[0] if len(new) == 1 else torch.cat(new, dim=-1))
 
     def sequence(self, x: torch.Tensor, rnn_states: torch.Tensor, dones: torch.Tensor, recurrence: int) -> torch.Tensor:
         """x [S, B, F] time-major; rnn_states [B, S, H] (stored, read at chunk starts); dones [B, S].

@@ -4,7 +4,8 @@ Loop: `get_many` requests `(worker, group)` from the policy queue; look up each 
 `env_slots`; gather observations and RNN states by index; one forward pass on the device; sample
 actions; write actions, logits, behaviour log-probs, values, the policy version and rnn_states[t+1]
 into the trajectory buffers in place; reply `group` on each worker's queue. Before every batch it
-copies new weights if the learner's shared version moved (instant weight updates, paper section 3.1).
+copies new weights if the learner's shared version moved (instant weight updates, paper section 3.1). With a compute
+dtype (--precision) the copy stores the weights in it (ActorCritic.cast_for_inference): cast once per version.
 
 --sync_mode hts/ppo: every batch runs through the model in chunks of exactly --sync_inference_chunk rows (padded), and
 actions come from the noise each env drew for its observation: an observation's outputs are then the same bits whatever
@@ -57,6 +58,7 @@ class PolicyWorker:
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
         self.model.compute_dtype = resolve_precision(getattr(cfg, "precision", "float32"), self.model, self.device,
                                                      deterministic=self.sync)
+        self.model.cast_for_inference()  # weights cast once per published version, not once per forward
         self.version = -1
         self.max_requests = cfg.num_workers * cfg.worker_num_splits
         # async: wait briefly for one request per rollout worker this worker serves (see run_once); the sync modes'

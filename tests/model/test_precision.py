@@ -58,3 +58,82 @@ def test_bfloat16_is_refused_with_the_sync_modes():
     with pytest.raises(ConfigError, match="--precision bfloat16"):
         parse_cfg(["--env", "test_image", "--sync_mode", "hts", "--precision", "bfloat16", "--train_dir", "/tmp/u"])
     parse_cfg(["--env", "test_image", "--sync_mode", "hts", "--precision", "auto", "--train_dir", "/tmp/u"])
+
+
+def naive_low_precision_step(model, x, state):
+    """The acting copy's core step from the equations of torch.nn.GRU / nn.LSTM (their documentation), in float64 on
+    operands rounded to bfloat16 (x, h and the weights, as ActorCritic.cast_for_inference stores them); the gate
+    products themselves are not rounded here, so the implementation differs from this by its bfloat16 gate outputs."""
+    core = model.core
+    r, width = core.rnn_size, (2 if core.is_lstm else 1) * core.rnn_size
+    low = lambda t: t.to(torch.bfloat16).double()  # noqa: E731
+    new = []
+    x = x.double()
+    for i in range(core.num_layers):
+        w_ih, w_hh, b_ih, b_hh = (low(getattr(core.rnn, f"{n}_l{i}")) for n in ("weight_ih", "weight_hh", "bias_ih",
+                                                                                  "bias_hh"))
+        layer = state[:, i * width:(i + 1) * width].double()
+        h = layer[:, :r]
+        gx, gh = low(x) @ w_ih.T + b_ih, low(h) @ w_hh.T + b_hh
+        if core.is_lstm:
+            i_, f, g, o = (gx + gh).chunk(4, 1)
+            c = torch.sigmoid(f) * layer[:, r:] + torch.sigmoid(i_) * torch.tanh(g)
+            x = torch.sigmoid(o) * torch.tanh(c)
+            new.append(torch.cat([x, c], 1))
+        else:
+            (xr, xz, xn), (hr, hz, hn) = gx.chunk(3, 1), gh.chunk(3, 1)
+            rr, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+            n = torch.tanh(xn + rr * hn)
+            x = (1 - z) * n + z * h
+            new.append(x)
+    return torch.cat(new, 1)
+
+
+@pytest.mark.parametrize("rnn", [("gru", "1", "True"), ("lstm", "2", "False"), ("gru", "2", "False")])
+def test_cast_for_inference_encoder_exact_core_by_its_equations(rnn):
+    """The policy workers' acting copy (weights stored in bfloat16, loaded by a dtype-converting copy as
+    SharedWeights.load_into does): the encoders compute exactly what autocast computes on float32 storage, the cores
+    follow the GRU/LSTM equations with bfloat16 gate products, and outputs stay float32."""
+    rnn_type, layers, shared = rnn
+    cfg = parse_cfg(["--env", "test_image", "--device", "cpu", "--rnn_size", "32", "--hidden_size", "32",
+                     "--rnn_type", rnn_type, "--rnn_num_layers", layers, "--actor_critic_share_weights", shared,
+                     "--train_dir", "/tmp/unused"])
+    torch.manual_seed(0)
+    learner = create_actor_critic(cfg, IMAGE, ACTIONS)
+    acting = create_actor_critic(cfg, IMAGE, ACTIONS)
+    learner.compute_dtype = acting.compute_dtype = torch.bfloat16
+    assert acting.cast_for_inference() is acting
+    with torch.no_grad():
+        for key, dst in acting.state_dict().items():  # what SharedWeights._copy_from_shared does
+            dst.copy_(learner.state_dict()[key])
+    low = {k for k, v in acting.state_dict().items() if v.dtype == torch.bfloat16}
+    assert any(k.startswith("core.rnn.") for k in low) and any(".fc." in k for k in low)
+    assert not any(k.startswith(("action_heads", "critic.")) or "normalizer" in k for k in low)
+    for enc in (acting.encoder, acting.critic_encoder):  # the first conv's weights are scaled in float32 first
+        if enc is not None:
+            assert enc.obs_encoder.first_conv.weight.dtype == torch.float32
+
+    g = torch.Generator().manual_seed(3)
+    obs = {"obs": torch.randint(0, 256, (5, 3, 36, 64), dtype=torch.uint8, generator=g)}
+    state = torch.randn((5, acting.rnn_state_size), generator=g) * 0.5
+    with torch.inference_mode():
+        for name in ("encoder", "critic_encoder"):
+            if getattr(learner, name) is not None:
+                assert torch.equal(acting._encode(getattr(acting, name), obs), learner._encode(getattr(learner, name), obs))
+        features = acting._encode(acting.encoder, obs)
+        actor_state = state[:, :acting.state_sizes[0]]
+        out, new_state = acting.core.step(features, actor_state)
+        expected = naive_low_precision_step(acting, features, actor_state).float()
+        torch.testing.assert_close(new_state, expected, atol=0.02, rtol=0.0)
+        assert new_state.dtype == out.dtype == torch.float32
+        ref, got = learner.forward_step(obs, state), acting.forward_step(obs, state)
+    for a, b in zip(ref, got):
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(b, a, atol=0.03, rtol=0.0)  # the learner's float32 cores: bfloat16 rounding apart
+
+
+def test_cast_for_inference_without_compute_dtype_changes_nothing():
+    model = model_for(IMAGE)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.cast_for_inference()
+    assert all(v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())
