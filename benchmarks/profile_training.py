@@ -19,8 +19,8 @@ CPU seconds of each kind of process per env frame (microseconds) and their share
 
 Then the learner's samples/s in training (trained samples over the window; and over its time not spent waiting for a
 batch) against its limit: APPO.train on a batch of the run's shape (its config: batch size, rollout, the model of
-configs/*.json) in a tight loop with the learner's torch threads, in this process after the run ended (the timing
-loop of benchmarks/learner_step.py). The target is a ratio of at least 0.8.
+configs/*.json; episode ends at the rate the run's reports show) in a tight loop with the learner's torch threads, in
+this process after the run ended (the timing loop of benchmarks/learner_step.py). The target is a ratio of at least 0.8.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ from common import ROOT, header, table  # noqa: E402
 from learner_step import timeit  # noqa: E402
 
 FRAMES_RE = re.compile(r"Total num frames: (\d+)")
+EPISODES_RE = re.compile(r"\((\d+) episodes\)")
 HZ = os.sysconf("SC_CLK_TCK")
 KINDS = (("sf:rollout", "rollout workers (Python)"), ("sf:policy", "policy workers"), ("sf:learner", "learner"),
          ("sf:fork_server", "fork server"))
@@ -136,9 +137,11 @@ def phase_delta(start: dict, end: dict) -> dict:
                        for k, v in b["phases"].items()}}
 
 
-def fake_batch(cfg, model, obs_space, action_space) -> dict:
+def fake_batch(cfg, model, obs_space, action_space, done_rate: float) -> dict:
     """A training batch of the run's shape (storage layout, sf.buffers.trajectory_buffers) as the learner copies it
-    out: random observations and behaviour-policy outputs, episode ends at p = 0.02 per step, no time limits."""
+    out: random observations and behaviour-policy outputs, episode ends at the run's rate per step (`done_rate`: the
+    recurrent core runs one segment between steps where any trajectory ended, so their number sets its cost), no
+    time limits."""
     from sf.buffers.trajectory_buffers import TrajectoryBuffers
     n, t = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout, cfg.rollout
     b = TrajectoryBuffers(n, t, obs_space, action_space, model.rnn_state_size)
@@ -156,14 +159,14 @@ def fake_batch(cfg, model, obs_space, action_space) -> dict:
     b.log_probs.copy_(dist.log_prob(actions))
     b.values.copy_(torch.randn(b.values.shape, generator=g))
     b.rewards.copy_(torch.randn(b.rewards.shape, generator=g))
-    b.dones.copy_((torch.rand(b.dones.shape, generator=g) < 0.02).float())
+    b.dones.copy_((torch.rand(b.dones.shape, generator=g) < done_rate).float())
     for tensor, value in ((b.policy_versions, 0), (b.policy_ids, 0), (b.truncated, 0.0), (b.final_t, -1),
                           (b.final_rnn, 0.0)):
         tensor.fill_(value)
     return b.gather(torch.arange(n), "cpu")
 
 
-def learner_limit(cfg, iters: int) -> tuple[float, int, float, float]:
+def learner_limit(cfg, iters: int, done_rate: float) -> tuple[float, int, float, float]:
     """APPO.train on a batch of the run's shape in a tight loop, on the learner's torch threads: (samples/s, torch
     threads, CPU seconds per batch, the share of the machine's core-seconds other programs used meanwhile: OpenMP
     threads that wait for each other spin, so that a busy machine slows a multi-threaded step far more than its
@@ -180,7 +183,7 @@ def learner_limit(cfg, iters: int) -> tuple[float, int, float, float]:
     model = create_actor_critic(cfg, obs_space, action_space)
     model.compute_dtype = resolve_precision(cfg.precision, model, "cpu", deterministic=cfg.sync_mode != "async")
     appo = APPO(model, cfg, "cpu")  # (the learner's own precision, as Learner.__init__ resolves it)
-    exp = fake_batch(cfg, model, obs_space, action_space)
+    exp = fake_batch(cfg, model, obs_space, action_space, done_rate)
     samples = exp["rewards"].numel()
     machine0, cpu0 = machine_cpu(), time.process_time()
     sec = timeit(lambda: appo.train(exp, 0), warmup=1, iters=iters)
@@ -190,12 +193,13 @@ def learner_limit(cfg, iters: int) -> tuple[float, int, float, float]:
 
 
 def watch(proc: subprocess.Popen, lines: list, reports: queue.Queue) -> None:
-    """Keep the run's output; put (monotonic time, total frames) for each console report."""
+    """Keep the run's output; put (monotonic time, total frames, episodes ended so far) for each console report."""
     for line in proc.stdout:
         lines.append(line)
         m = FRAMES_RE.search(line)
         if m:
-            reports.put((time.monotonic(), int(m.group(1))))
+            e = EPISODES_RE.search(line)
+            reports.put((time.monotonic(), int(m.group(1)), int(e.group(1)) if e else 0))
     reports.put(None)
 
 
@@ -220,6 +224,7 @@ def main() -> None:
                   str(args.num_envs_per_worker), "--device", "cpu", "--experiment", "profile", "--train_dir",
                   args.train_dir, "--restart_behavior", "overwrite", *args.train_flags]
     from sf.cfg.parse import parse_cfg
+    from sf_envs.registry import env_spec
     from sf.utils.errors import ConfigError
     try:
         cfg = parse_cfg(train_args)  # bad train.py flags: refused before anything starts
@@ -244,11 +249,11 @@ def main() -> None:
             report = reports.get(timeout=max(60.0, args.duration))
             if report is None:
                 break
-            at, frames = report
+            at, frames, episodes = report
             if start is None and at - t0 >= args.skip:
-                start = snapshot(proc.pid, profile, frames)
+                start = {**snapshot(proc.pid, profile, frames), "episodes": episodes}
             elif start is not None and at - t0 >= args.duration:
-                end = snapshot(proc.pid, profile, frames)
+                end = {**snapshot(proc.pid, profile, frames), "episodes": episodes}
     except queue.Empty:
         pass
     finally:
@@ -313,7 +318,10 @@ def main() -> None:
     busy_rate = hook["samples"] / training if training > 0 else float("nan")
     print(f"\nlearner limit: APPO.train in a tight loop, batch {cfg.batch_size * cfg.num_batches_per_epoch} samples "
           f"(rollout {cfg.rollout}), {cfg.encoder_conv_architecture}, after the run ...", flush=True)
-    limit, threads, limit_cpu, others = learner_limit(cfg, args.limit_iters)
+    steps = frames / max(env_spec(cfg.env, cfg).frameskip, 1)  # agent steps of the window
+    done_rate = min(max((end["episodes"] - start["episodes"]) / max(steps, 1.0), 0.0), 1.0)
+    print(f"(its batch: episode ends at the run's rate, {done_rate:.4f} per step)")
+    limit, threads, limit_cpu, others = learner_limit(cfg, args.limit_iters, done_rate)
     batch_cpu = learner_cpu / batches  # (the hook's window is within a batch of the /proc one)
     print(table([["in training (trained samples / window)", fmt(rate), f"{rate / limit:.2f}", f"{batch_cpu:.3f}"],
                  ["in training, its time not waiting for a batch", fmt(busy_rate), f"{busy_rate / limit:.2f}", ""],
