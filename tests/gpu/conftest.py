@@ -7,7 +7,8 @@ import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
-for helpers in (HERE.parent / "runner", HERE.parent / "learning", HERE.parent / "buffers"):  # the CPU tests' helpers
+for helpers in (HERE.parent / "runner", HERE.parent / "learning", HERE.parent / "buffers",
+                HERE.parent / "model"):  # the CPU tests' helpers
     if str(helpers) not in sys.path:
         sys.path.insert(0, str(helpers))
 
