@@ -132,6 +132,7 @@ class Measurements:
     num_epochs: int = 1
     gpu: bool = False  # forward and learner on a GPU: one core drives each
     seconds: float = 0.0  # how long measuring took
+    done_rate: float = 0.02  # episode ends per agent step with random actions (the learner's synthetic batch has them)
 
     def learn_at(self, batch_size: int, threads: int) -> float:
         return self.learn[f"{batch_size}/{threads}"]
@@ -243,14 +244,16 @@ def _spaces_and_envs(cfg, count: int):
     return spec, envs
 
 
-def measure_envs(envs, counts, seconds_each: float, multiagent: bool) -> dict:
-    """counts -> seconds per env step of stepping the first k envs in turn with random actions (one process)."""
+def measure_envs(envs, counts, seconds_each: float, multiagent: bool) -> tuple[dict, float]:
+    """(counts -> seconds per env step of stepping the first k envs in turn with random actions (one process), the
+    episode ends per step seen meanwhile)."""
+    import numpy as np
     space = envs[0].action_space
     agents = getattr(envs[0], "num_agents", 1) if multiagent else 1
     actions = [[space.sample() for _ in range(agents)] if multiagent else space.sample() for _ in range(256)]
     for env in envs:
         env.reset()
-    out, n = {}, 0
+    out, n, ends = {}, 0, 0
     for k in counts:
         chunks, t_end = [], time.perf_counter() + seconds_each
         while not chunks or time.perf_counter() < t_end:  # chunks of about 50 ms: a robust_time of them
@@ -261,10 +264,13 @@ def measure_envs(envs, counts, seconds_each: float, multiagent: bool) -> dict:
                     n += 1
                     steps += 1
                     if not multiagent and (terminated or truncated):
+                        ends += 1
                         env.reset()
+                    elif multiagent:
+                        ends += int(np.sum(terminated)) if np.ndim(terminated) else int(terminated)
             chunks.append((time.perf_counter() - t0) / steps)
         out[k] = robust_time(chunks)
-    return out
+    return out, ends / max(n * agents, 1)
 
 
 def measure_sampling(cfg, obs_space, action_space, envs: int, device: str, seconds: float) -> tuple[float, float, int]:
@@ -408,12 +414,21 @@ def _timed(fn, seconds: float, sync) -> float:
     return robust_time(times)
 
 
+def _run_precision(cfg, model, device: str):
+    """`model` computing as the run's processes compute it (--precision, resolved as they resolve it)."""
+    from sf.model.actor_critic import resolve_precision
+    model.compute_dtype = resolve_precision(cfg.precision, model, device, deterministic=cfg.sync_mode != "async")
+    return model
+
+
 def measure_forward(cfg, obs_space, action_space, device: str, seconds: float) -> dict:
-    """rows -> seconds of one `forward_step` of the run's model on that many rows (inference mode)."""
+    """rows -> seconds of one `forward_step` of the run's model on that many rows (inference mode), as a policy
+    worker computes it (its precision, its acting copy of the weights)."""
     import numpy as np
     import torch
     from sf.model.actor_critic import create_actor_critic
-    model = create_actor_critic(cfg, obs_space, action_space).to(device).eval()
+    model = _run_precision(cfg, create_actor_critic(cfg, obs_space, action_space).to(device).eval(), device)
+    model.cast_for_inference()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     out = {}
     for b in FORWARD_ROWS:
@@ -425,10 +440,11 @@ def measure_forward(cfg, obs_space, action_space, device: str, seconds: float) -
     return out
 
 
-def synthetic_batch(model, obs_space, action_space, n: int, rollout: int, device: str) -> dict:
+def synthetic_batch(model, obs_space, action_space, n: int, rollout: int, device: str,
+                    done_rate: float = 0.02) -> dict:
     """One training batch of n trajectories of `rollout` steps in the learner's layout (TrajectoryBuffers.gather):
-    random observations, actions, behaviour outputs and rewards, episode ends with p = 0.02 per step (the RNN's reset
-    path runs as in training), every step acted by policy version 0."""
+    random observations, actions, behaviour outputs and rewards, episode ends with p = done_rate per step (the RNN
+    runs one segment between steps where any trajectory ended, as in training), every step acted by policy version 0."""
     import numpy as np
     import torch
     from sf.buffers.trajectory_buffers import TrajectoryBuffers
@@ -446,7 +462,7 @@ def synthetic_batch(model, obs_space, action_space, n: int, rollout: int, device
     buffers.log_probs.copy_(-1.0 - torch.rand(buffers.log_probs.shape, generator=g))
     buffers.values.copy_(torch.randn(buffers.values.shape, generator=g))
     buffers.rewards.copy_(torch.randn(buffers.rewards.shape, generator=g))
-    buffers.dones.copy_((torch.rand(buffers.dones.shape, generator=g) < 0.02).float())
+    buffers.dones.copy_((torch.rand(buffers.dones.shape, generator=g) < done_rate).float())
     buffers.rnn_states.copy_(torch.randn(buffers.rnn_states.shape, generator=g) * 0.1)
     for t in (buffers.truncated, buffers.policy_versions, buffers.policy_ids, buffers.final_rnn):
         t.zero_()
@@ -457,9 +473,10 @@ def synthetic_batch(model, obs_space, action_space, n: int, rollout: int, device
 
 
 def measure_learner(cfg, obs_space, action_space, device: str, frameskip: int, batch_sizes, thread_counts,
-                    seconds: float) -> dict:
+                    seconds: float, done_rate: float = 0.02) -> dict:
     """"B/threads" -> seconds per sample of APPO.train on one training batch of B x --num_batches_per_epoch samples
-    (the run's model, loss and --num_epochs), with that many torch threads."""
+    (the run's model, precision, loss and --num_epochs; episode ends at `done_rate` per step), with that many torch
+    threads."""
     import copy
     import torch
     from sf.learning.appo import APPO
@@ -470,10 +487,11 @@ def measure_learner(cfg, obs_space, action_space, device: str, frameskip: int, b
     for B in batch_sizes:
         c = copy.copy(cfg)
         c.batch_size = B
-        model = create_actor_critic(c, obs_space, action_space).to(device)
+        model = _run_precision(c, create_actor_critic(c, obs_space, action_space).to(device), device)
         appo = APPO(model, c, device, frames_per_sample=frameskip)
         samples = B * c.num_batches_per_epoch
-        exp = synthetic_batch(model, obs_space, action_space, max(1, samples // c.rollout), c.rollout, device)
+        exp = synthetic_batch(model, obs_space, action_space, max(1, samples // c.rollout), c.rollout, device,
+                              done_rate)
         for th in thread_counts:
             torch.set_num_threads(th)
             out[f"{B}/{th}"] = _timed(lambda: appo.train(exp, 0), each, sync) / samples
@@ -505,7 +523,7 @@ def measure(cfg, seconds: float, tune_batch_size: bool = False, log=print) -> Me
             multiagent = spec.num_agents > 1
             left = 0.25 * seconds - (time.perf_counter() - t_start)  # making the envs counts against their share
             log(f"measuring: env steps ({', '.join(map(str, counts))} envs per process)")
-            env = measure_envs(envs, counts, max(0.2, left / len(counts)), multiagent)
+            env, done_rate = measure_envs(envs, counts, max(0.2, left / len(counts)), multiagent)
         finally:
             for e in envs:
                 e.close()
@@ -524,14 +542,15 @@ def measure(cfg, seconds: float, tune_batch_size: bool = False, log=print) -> Me
         log(f"measuring: learner (APPO.train, batch {'/'.join(map(str, batches))} x {cfg.num_batches_per_epoch} "
             f"minibatch(es) x {cfg.num_epochs} epoch(s), {'/'.join(map(str, threads))} thread(s))")
         left = seconds - (time.perf_counter() - t_start)
-        learn = measure_learner(cfg, obs_space, action_space, device, spec.frameskip, batches, threads, max(1.0, left))
+        learn = measure_learner(cfg, obs_space, action_space, device, spec.frameskip, batches, threads, max(1.0, left),
+                                done_rate)
     finally:
         torch.set_num_threads(prev_threads)
     return Measurements(cores=C, env=env, step=step, msg=msg, fwd=fwd, learn=learn, call=call,
                         policy_threads=cfg.policy_worker_torch_threads, agents=spec.num_agents,
                         frameskip=spec.frameskip, rollout=cfg.rollout, batch_size=cfg.batch_size,
                         num_batches_per_epoch=cfg.num_batches_per_epoch, num_epochs=cfg.num_epochs,
-                        gpu=device.startswith("cuda"), seconds=time.perf_counter() - t_start)
+                        gpu=device.startswith("cuda"), seconds=time.perf_counter() - t_start, done_rate=done_rate)
 
 
 def preset_layout(cfg) -> Layout:

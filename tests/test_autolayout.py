@@ -225,3 +225,28 @@ def test_autolayout_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = auto_cfg(tmp_path)
     assert {k: getattr(cfg, k) for k in al.LAYOUT_KEYS} == {k: data["choice"][k] for k in al.LAYOUT_KEYS}
+
+
+def test_measured_episode_ends_and_the_runs_precision():
+    """measure_envs counts the episode ends it sees (test_image: 16 steps per episode), which the learner's synthetic
+    batch then has; the forward and learner measurements compute in the run's precision, resolved as the run's
+    processes resolve it."""
+    from sf.model.actor_critic import create_actor_critic, resolve_precision
+    from sf_envs.registry import make_env
+    cfg = parse_cfg(["--env", "test_image", "--device", "cpu", "--train_dir", "/tmp/unused"])
+    envs = [make_env(cfg, env_index=i) for i in range(2)]
+    try:
+        times, rate = al.measure_envs(envs, [1, 2], 0.05, multiagent=False)
+    finally:
+        for e in envs:
+            e.close()
+    assert set(times) == {1, 2} and all(t > 0 for t in times.values())
+    assert abs(rate - 1 / 16) < 0.01
+    model = create_actor_critic(cfg, envs[0].observation_space, envs[0].action_space)
+    batch = al.synthetic_batch(model, envs[0].observation_space, envs[0].action_space, 64, 32, "cpu", done_rate=0.25)
+    assert abs(float(batch["dones"].float().mean()) - 0.25) < 0.05
+    for precision, mode in (("auto", "async"), ("bfloat16", "async"), ("auto", "hts")):
+        c = parse_cfg(["--env", "test_image", "--device", "cpu", "--precision", precision, "--sync_mode", mode,
+                       "--train_dir", "/tmp/unused"])
+        m = al._run_precision(c, create_actor_critic(c, envs[0].observation_space, envs[0].action_space), "cpu")
+        assert m.compute_dtype is resolve_precision(precision, m, "cpu", deterministic=mode != "async")

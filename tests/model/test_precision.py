@@ -119,7 +119,8 @@ def test_cast_for_inference_encoder_exact_core_by_its_equations(rnn):
     with torch.inference_mode():
         for name in ("encoder", "critic_encoder"):
             if getattr(learner, name) is not None:
-                assert torch.equal(acting._encode(getattr(acting, name), obs), learner._encode(getattr(learner, name), obs))
+                ours, theirs = getattr(acting, name), getattr(learner, name)
+                assert torch.equal(acting._encode(ours, obs), learner._encode(theirs, obs))
         features = acting._encode(acting.encoder, obs)
         actor_state = state[:, :acting.state_sizes[0]]
         out, new_state = acting.core.step(features, actor_state)
