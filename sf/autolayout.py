@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Optional
 
 from sf.cfg import ConfigError, RunError, parse_cfg, run_guarded
+from sf.processes.control import usable_cores
 from sf.utils.files import write_json_atomic
 
 MAX_LAG = 10.0  # SGD steps: the bound on the predicted average policy lag
@@ -96,10 +97,6 @@ def cache_dir() -> Path:
 def cache_path(env: str) -> Path:
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
     return cache_dir() / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', env)}-{host}.json"
-
-
-def machine_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # --- the cost model ------------------------------------------------------------------------------------------------
@@ -507,7 +504,7 @@ def measure(cfg, seconds: float, tune_batch_size: bool = False, log=print) -> Me
     t_start = time.perf_counter()
     prev_threads = torch.get_num_threads()
     device = resolve_device(cfg)
-    C = machine_cores()
+    C = usable_cores()
     preset_e = cfg.num_envs_per_worker
     most = 16 if seconds >= 60 else 8  # making engines takes time (VizDoom: about a second each on a busy machine)
     counts = [k for k in ENV_COUNTS if k <= max(1, min(most, 2 * preset_e))]
@@ -757,7 +754,7 @@ def _main(argv: list[str]) -> int:
         cfg = parse_cfg([*train_flags, "--train_dir", tmp], mode="train", prog="python -m sf.autolayout")
         total, t_start = minutes * 60.0, time.time()
         check_s = 0.55 * total
-        print(f"sf.autolayout: {cfg.env} on {socket.gethostname()} ({machine_cores()} cores), budget "
+        print(f"sf.autolayout: {cfg.env} on {socket.gethostname()} ({usable_cores()} cores), budget "
               f"{minutes:g} min: measuring {total - check_s:.0f} s, then a {check_s:.0f} s training run", flush=True)
         m = measure(cfg, total - check_s, args.tune_batch_size, log=lambda s: print(s, flush=True))
         preset = preset_layout(cfg)

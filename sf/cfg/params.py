@@ -5,12 +5,12 @@ The order of the table is the order of --help."""
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from sf.cfg.string_checks import (EXPERIMENT_NAME_MAX_LEN, env_name_problem, experiment_problem, label_problem,
                                   path_problem, train_dir_problem, wandb_project_problem, wandb_tags_problem)
+from sf.processes.control import usable_cores
 from sf.utils.errors import ConfigError
 
 LIST_MAX_LEN = 64  # entries of a list parameter (nargs="+")
@@ -103,7 +103,8 @@ RUN_PARAMS: list[Param] = [
 
 # Sampling: rollout workers, their envs, policy workers.
 SAMPLING_PARAMS: list[Param] = [
-    Param("num_workers", int, min(os.cpu_count() or 1, 200), "Number of rollout worker processes (at most 200: each "
+    Param("num_workers", int, min(usable_cores(), 200), "Number of rollout worker processes (default: the cores this "
+          "process may use, its CPU affinity; at most 200: each "
           "policy worker is sent every rollout worker's reply queue, one file descriptor apiece, and a new process "
           "can be sent at most 251). auto: the layout python -m sf.autolayout measured for this env on this machine "
           "(cached; measured first, in under a minute, where none is): it also sets --num_envs_per_worker, "

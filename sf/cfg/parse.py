@@ -20,6 +20,7 @@ from sf.cfg.params import NOT_RESUMED, Param, all_params, copy_default
 from sf.cfg.sf_compat import SF_DEST, SF_FLAGS, SF_VALUES, apply_sf_aliases, check_sf_flags, sf_flag_help
 from sf.cfg.string_checks import default_experiment_name, validate_experiment_name, validate_train_dir
 from sf.cfg.validate import from_command_line, from_file, range_text, scale_envs_per_worker, value_kind, verify
+from sf.processes.control import usable_cores
 from sf.utils.errors import ConfigError, RunError
 from sf.utils.files import one_line, write_json_atomic
 
@@ -248,7 +249,7 @@ def _training_defaults(values: dict, envs_given: bool) -> list[str]:
         envs = scale_envs_per_worker(values["num_envs_per_worker"], values["num_workers"], values["worker_num_splits"])
         if envs != values["num_envs_per_worker"]:
             notes.append(f"--num_envs_per_worker {envs} (the default {values['num_envs_per_worker']} spread over "
-                         f"{values['num_workers']} rollout workers on {os.cpu_count()} cores; set it to override)")
+                         f"{values['num_workers']} rollout workers on {usable_cores()} cores; set it to override)")
             values["num_envs_per_worker"] = envs
     if values["with_pbt"] and values["num_policies"] < 2:
         notes.append(f"--with_pbt True with --num_policies {values['num_policies']}: population-based training needs "

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from sf.cfg.params import (LIST_MAX_LEN, Param, all_params, optional_float, optional_int, optional_str, str2bool,
                            to_int)
 from sf.cfg.string_checks import shown, shown_str, validate_experiment_name, validate_train_dir
+from sf.processes.control import usable_cores
 from sf.utils.errors import ConfigError
 
 MAX_TOTAL_ENVS = 65536  # num_workers * num_envs_per_worker
@@ -175,7 +176,7 @@ def scale_envs_per_worker(envs: int, workers: int, splits: int, cores: Optional[
     for one worker per core; with more workers than cores, the same number of envs per core is spread over them, never
     fewer than one env per split. Without this, `--num_workers 72` on 2 cores would start 1,152 VizDoom engines
     where 144 keep both cores busy."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     if workers <= cores:
         return envs
     per_worker = envs * cores // workers

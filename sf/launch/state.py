@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -99,9 +100,33 @@ def last_line(exp_dir: Path, failure: bool = False) -> str:
         except OSError:
             continue
         if lines:
-            errors = [ln for ln in lines if "[ERROR]" in ln or ": error: " in ln or ln.startswith("Traceback")]
-            return errors[-1] if failure and errors else lines[-1]
+            errors = [i for i, ln in enumerate(lines)
+                      if "[ERROR]" in ln or ": error: " in ln or ln.startswith("Traceback")]
+            if not (failure and errors):
+                return lines[-1]
+            return _exception_line(lines, errors[-1]) if lines[errors[-1]].startswith("Traceback") else lines[errors[-1]]
     return ""
+
+
+EXCEPTION_RE = re.compile(r"[A-Za-z_][\w.]*(: |$)")  # "ValueError: ...", "sf.x.ConfigError: ...", "KeyboardInterrupt"
+
+
+def _exception_line(lines: list, start: int) -> str:
+    """The line naming the exception of the Python traceback that begins at lines[start] (its lines stripped): the
+    first `Type: message` (or bare `Type`) line after its last `File "..."` line; the Traceback line itself when there
+    is none (a traceback cut short)."""
+    last_file = start
+    for j in range(start + 1, len(lines)):
+        if lines[j].startswith("Traceback"):
+            break
+        if lines[j].startswith('File "'):
+            last_file = j
+    for ln in lines[last_file + 1:]:  # (the source line under it is code: `raise X(...)`, `f(x)`, not `Name: ...`)
+        if ln.startswith("Traceback"):
+            break
+        if EXCEPTION_RE.match(ln):
+            return ln
+    return lines[start]
 
 
 def process_start(pid: int) -> Optional[int]:

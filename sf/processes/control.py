@@ -155,6 +155,15 @@ def limit_threads(num_threads: int) -> None:
         pass
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: taskset, a Slurm allocation, a container's cpuset), which
+    is what a run's workers share; os.cpu_count() where the platform has no affinity."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def set_affinity(core: int | None, nice: int = 0) -> None:
     if core is not None:
         try:

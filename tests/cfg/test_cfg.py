@@ -459,3 +459,16 @@ def test_entry_point_forged_saved_config_one_line_exit_2(entry, tmp_path):
         res = entry(script, "--env", "test_corridor", "--train_dir", str(tmp_path), "--experiment", "x")
         assert res.returncode == 2, res.stderr
         assert res.stderr.strip() == f"{script}: error: {tmp_path / 'x' / 'config.json'}: key 'rollout': expected an integer, got 'abc'"
+
+
+def test_default_num_workers_is_the_cores_this_process_may_use():
+    """--num_workers defaults to the cores of the process's CPU affinity (taskset, a Slurm allocation, a cpuset), not
+    every core of the machine: with one core allowed, one rollout worker."""
+    import subprocess
+    import sys
+    code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); from sf.cfg import parse_cfg; "
+            "print(parse_cfg(['--env', 'test_image', '--train_dir', '/tmp/unused']).num_workers)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "1"

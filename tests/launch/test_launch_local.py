@@ -330,3 +330,23 @@ def psutil_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_last_line_of_a_failed_run_names_the_exception(tmp_path):
+    """A run that died of a Python traceback: its failure line is the exception (`Type: message`), not "Traceback
+    (most recent call last):"; train.py's one-line errors and the runner's [ERROR] lines are taken as they are."""
+    from sf.launch.state import LAUNCH_LOG, last_line
+    script = tmp_path / "boom.py"
+    script.write_text("def f(x):\n    raise ValueError(f'bad value {x}: (ours)')\n\nf(3)\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    chained = subprocess.run([sys.executable, "-c", "try:\n    {}['k']\nexcept KeyError:\n    raise RuntimeError('second')"],
+                             capture_output=True, text=True)
+    for log, expected in [
+            ("started\n" + res.stderr + "\n", "ValueError: bad value 3: (ours)"),
+            ("started\n" + chained.stderr, "RuntimeError: second"),  # the last of chained tracebacks
+            ("x\ntrain.py: error: --lr: not a number\n", "train.py: error: --lr: not a number"),
+            ("x\n[2026][1][ERROR] learner died\nDone: 0 frames\n", "[2026][1][ERROR] learner died"),
+            ("x\nTraceback (most recent call last):\n", "Traceback (most recent call last):")]:
+        (tmp_path / LAUNCH_LOG).write_text(log)
+        assert last_line(tmp_path, failure=True) == expected, log
+    assert last_line(tmp_path, failure=False) == "Traceback (most recent call last):"
