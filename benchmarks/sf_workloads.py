@@ -99,6 +99,22 @@ def workloads(args) -> dict[str, dict]:
     }
 
 
+def stop_session(proc: subprocess.Popen, grace: float = 60.0) -> None:
+    """SIGINT the process group of `proc` (a run started in its own session) if it still runs, SIGKILL it after
+    `grace` seconds; then every process left in the group (engines, workers) is killed."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired, KeyboardInterrupt):  # a second Ctrl-C: kill at once
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict | None = None,
         seconds: float | None = None) -> dict:
     """Run cmd to the end (its output into log_path); kill its process group when its frame count stops growing.
@@ -113,21 +129,24 @@ def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict |
         # and Python then installs no KeyboardInterrupt handler (Sample Factory stops on KeyboardInterrupt)
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        while proc.poll() is None:
-            time.sleep(2)
-            loads.append(os.getloadavg()[0])
-            seen = max([int(x) for x in FRAMES_RE.findall(log_path.read_text(errors="replace"))] or [0])
-            if seen > 0 and first_frames is None:
-                first_frames = time.time()
-            if seconds is not None and not interrupted and first_frames and time.time() - first_frames > seconds:
-                os.killpg(proc.pid, signal.SIGINT)
-                interrupted, progress_at = True, time.time()
-            if seen > frames:
-                frames, progress_at = seen, time.time()
-            elif time.time() - progress_at > stall_sec:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the run's workers go with it
-                proc.wait()
-                stalled = True
+        try:
+            while proc.poll() is None:
+                time.sleep(2)
+                loads.append(os.getloadavg()[0])
+                seen = max([int(x) for x in FRAMES_RE.findall(log_path.read_text(errors="replace"))] or [0])
+                if seen > 0 and first_frames is None:
+                    first_frames = time.time()
+                if seconds is not None and not interrupted and first_frames and time.time() - first_frames > seconds:
+                    os.killpg(proc.pid, signal.SIGINT)
+                    interrupted, progress_at = True, time.time()
+                if seen > frames:
+                    frames, progress_at = seen, time.time()
+                elif time.time() - progress_at > stall_sec:
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own session: the run's workers go with it
+                    proc.wait()
+                    stalled = True
+        finally:  # this script stopped (Ctrl-C, SIGTERM, an error): the run in its own session would go on alone
+            stop_session(proc)
     return {"rc": proc.returncode, "stalled": stalled, "interrupted": interrupted, "wall": time.time() - t0,
             "log": ANSI_RE.sub("", log_path.read_text(errors="replace")),
             "load": statistics.mean(loads) if loads else os.getloadavg()[0]}
@@ -181,6 +200,8 @@ def ratio(a: float, b: float) -> str:
 
 
 def main() -> None:
+    # SIGTERM as SystemExit: the `finally` of run() then stops the run it started (in its own session)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sf_python", default=str(ROOT / ".venv-sf" / "bin" / "python"),
                     help="a Python with sample-factory 2.1.1 (and mujoco, ale-py) installed")
@@ -269,4 +290,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("sf_workloads: interrupted (the run in progress was stopped; finished rounds' logs are in --scratch)")
