@@ -26,6 +26,9 @@ the value of its final observation, which the reset overwrote in obs[., t+1], he
 a second truncation in one trajectory, from episodes shorter than T, bootstraps from V(x_t) instead).
 Messages between processes carry slot indices into these tensors, never data.
 Fresh buffers are poisoned (NaN, -1, 0xCD) so that reading a slot nobody wrote is visible.
+
+A CUDA learner's batch also holds the dones in host memory, under DONES_HOST ([N, T] float32, a copy made at gather
+time): the recurrent core cuts its pass at episode ends, and reading them there costs no wait for the device.
 """
 from __future__ import annotations
 
@@ -157,6 +160,9 @@ class TrajectoryBuffers:
         return num_slots * ((rollout + 1) * per_step + per_slot)
 
 
+DONES_HOST = "dones_host"
+
+
 class GatherStaging:
     """A CUDA learner's way from shared memory to the device: `depth` sets of pinned host buffers in gather's layout for
     `rows` trajectories, used in turn, each copied to the device on a side stream (non_blocking: it overlaps the training
@@ -188,6 +194,7 @@ class GatherStaging:
             self.copied[self.turn].record(self.stream)
         consumer.wait_event(self.copied[self.turn])
         _tree(out, lambda t: t.record_stream(consumer))  # (... and used on the consumer's: freed only after its use)
+        out[DONES_HOST] = host["dones"].clone()  # the set is refilled two batches on: a copy of its 4 N T bytes
         self.turn = (self.turn + 1) % len(self.sets)
         return out
 

@@ -104,7 +104,8 @@ def last_line(exp_dir: Path, failure: bool = False) -> str:
                       if "[ERROR]" in ln or ": error: " in ln or ln.startswith("Traceback")]
             if not (failure and errors):
                 return lines[-1]
-            return _exception_line(lines, errors[-1]) if lines[errors[-1]].startswith("Traceback") else lines[errors[-1]]
+            last = errors[-1]
+            return _exception_line(lines, last) if lines[last].startswith("Traceback") else lines[last]
     return ""
 
 

@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
+from sf.buffers.trajectory_buffers import DONES_HOST
 from sf.cfg import sync_minibatches
 from sf.learning.gae import gae
 from sf.learning.losses import appo_loss, masked_mean, symmetric_kl_with_uniform
@@ -130,10 +131,13 @@ class APPO:
         if self.grad_hook is None and not self._sync_free_steps() and lag_stats[3] == 0:
             return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False, None
         seq_dones = torch.nn.functional.pad(mb["dones"], (0, 1))  # [n, T+1]; the done of step T is never used
+        cut_dones = mb.get(DONES_HOST)  # a CUDA batch's dones in host memory: the RNN's cuts without a device read
+        if cut_dones is not None:
+            cut_dones = torch.nn.functional.pad(cut_dones, (0, 1))
         normalize_returns = getattr(model, "returns_normalizer", None) is not None and cfg.normalize_returns
 
         logits, values = model.forward_sequence(mb["obs"], mb["rnn_states"], seq_dones, cfg.recurrence,
-                                                normalized_values=normalize_returns)
+                                                normalized_values=normalize_returns, cut_dones=cut_dones)
         logits = logits.transpose(0, 1)[:t_len]  # [T, n, L]
         values = values.transpose(0, 1)  # [T+1, n]
         behavior_log_probs = mb["log_probs"].t()
@@ -430,7 +434,12 @@ def _host_stats(all_stats: list[dict]) -> list[dict]:
 
 
 def _index(experience: dict, idx: torch.Tensor) -> dict:
+    """The trajectories `idx` of a batch; its host dones (DONES_HOST) stay whole: selecting them would read `idx` from
+    the device, and the RNN may cut a minibatch where any trajectory of the batch ended (more segments, same result)."""
     out = {}
     for k, v in experience.items():
-        out[k] = _index(v, idx) if isinstance(v, dict) else v.index_select(0, idx)
+        if k == DONES_HOST:
+            out[k] = v
+        else:
+            out[k] = _index(v, idx) if isinstance(v, dict) else v.index_select(0, idx)
     return out

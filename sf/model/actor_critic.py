@@ -131,12 +131,13 @@ class ActorCritic(nn.Module):
         return logits, self.critic(critic_x).squeeze(-1)
 
     def _core_sequence(self, core: nn.Module, feats: torch.Tensor, rnn_states: torch.Tensor, dones: torch.Tensor,
-                       recurrence: int) -> torch.Tensor:
+                       recurrence: int, cut_dones: Optional[torch.Tensor] = None) -> torch.Tensor:
         """feats [B*S, F] -> core outputs [S, B, R] (time-major; feed-forward: feats itself); rnn_states [B, S, H]."""
         if not self.is_recurrent:
             return feats
         b, s = dones.shape[:2]
-        return core.sequence(feats.view(b, s, -1).transpose(0, 1).contiguous(), rnn_states, dones, recurrence)
+        return core.sequence(feats.view(b, s, -1).transpose(0, 1).contiguous(), rnn_states, dones, recurrence,
+                             cut_dones)
 
     def _encode(self, encoder: ObsEncoder, obs: dict) -> torch.Tensor:
         """encoder(obs) [B, F] in float32, computed in compute_dtype (autocast) when one is set. Only the encoder: the
@@ -167,21 +168,24 @@ class ActorCritic(nn.Module):
     forward = forward_step
 
     def forward_sequence(self, obs: dict, rnn_states: torch.Tensor, dones: torch.Tensor, recurrence: int,
-                         normalized_values: bool = False):
+                         normalized_values: bool = False, cut_dones: Optional[torch.Tensor] = None):
         """obs: key -> [B, S, *shape]; rnn_states [B, S, H]; dones [B, S] -> (logits [B, S, L], values [B, S]).
 
         The encoder runs once over all B*S observations; only the RNN loops over time. Outputs are
         transposed views of time-major tensors, so `.transpose(0, 1)` gives contiguous `[S, B]` ones.
-        With `normalized_values` the raw critic output (normalized return units) is returned."""
+        With `normalized_values` the raw critic output (normalized return units) is returned. cut_dones: the dones
+        in host memory for the recurrent core's episode cuts (RecurrentCore.sequence), None: `dones` themselves."""
         b, s = dones.shape[:2]
         flat = {k: v.reshape(b * s, *v.shape[2:]) for k, v in obs.items()}
         if self.critic_core is None:
-            x = c = self._core_sequence(self.core, self._encode(self.encoder, flat), rnn_states, dones, recurrence)
+            x = c = self._core_sequence(self.core, self._encode(self.encoder, flat), rnn_states, dones, recurrence,
+                                        cut_dones)
         else:
             actor_states, critic_states = rnn_states.split(self.state_sizes, dim=-1)
-            x = self._core_sequence(self.core, self._encode(self.encoder, flat), actor_states, dones, recurrence)
+            x = self._core_sequence(self.core, self._encode(self.encoder, flat), actor_states, dones, recurrence,
+                                    cut_dones)
             c = self._core_sequence(self.critic_core, self._encode(self.critic_encoder, flat), critic_states, dones,
-                                    recurrence)
+                                    recurrence, cut_dones)
         logits, values = self._heads(x, c)  # recurrent: [S, B, L], [S, B]; feed-forward: [B*S, L], [B*S]
         if self.is_recurrent:
             logits, values = logits.transpose(0, 1), values.transpose(0, 1)

@@ -99,8 +99,12 @@ class RecurrentCore(nn.Module):
                 new.append(x)
         return x, (new[0] if len(new) == 1 else torch.cat(new, dim=-1))
 
-    def sequence(self, x: torch.Tensor, rnn_states: torch.Tensor, dones: torch.Tensor, recurrence: int) -> torch.Tensor:
+    def sequence(self, x: torch.Tensor, rnn_states: torch.Tensor, dones: torch.Tensor, recurrence: int,
+                 cut_dones: torch.Tensor | None = None) -> torch.Tensor:
         """x [S, B, F] time-major; rnn_states [B, S, H] (stored, read at chunk starts); dones [B, S].
+        cut_dones [B', S]: where to cut the pass instead of `dones` (after a step where any row is done), in host
+        memory (a CUDA batch's DONES_HOST: no wait for the device); its rows may be a superset of the batch's (a
+        minibatch cut where any trajectory of its training batch ended: more segments, the same function).
 
         Returns core outputs [S, B, R]."""
         seq_len = x.shape[0]
@@ -109,7 +113,7 @@ class RecurrentCore(nn.Module):
         cuts = set(starts)
         if seq_len > 1:
             dones_prev = dones[:, :-1]
-            any_done = (dones_prev != 0).any(0)
+            any_done = ((dones_prev if cut_dones is None else cut_dones[:, :-1]) != 0).any(0)
             if bool(any_done.any()):
                 cuts.update((torch.nonzero(any_done).view(-1) + 1).tolist())
             keep = (1.0 - dones_prev.to(x.dtype)).t()  # [S-1, B]: keep[t-1] multiplies the state before step t
@@ -142,5 +146,5 @@ class IdentityCore(nn.Module):
     def step(self, x: torch.Tensor, state: torch.Tensor):
         return x, torch.zeros((x.shape[0], 1), dtype=torch.float32, device=x.device)
 
-    def sequence(self, x: torch.Tensor, rnn_states, dones, recurrence) -> torch.Tensor:
+    def sequence(self, x: torch.Tensor, rnn_states, dones, recurrence, cut_dones=None) -> torch.Tensor:
         return x

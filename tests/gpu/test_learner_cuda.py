@@ -8,7 +8,7 @@ from gymnasium import spaces
 
 from appo_reference_cases import run_case  # tests/learning
 from model_test_helpers import VECTOR_OBS
-from sf.buffers.trajectory_buffers import GatherStaging, TrajectoryBuffers
+from sf.buffers.trajectory_buffers import DONES_HOST, GatherStaging, TrajectoryBuffers
 
 pytestmark = pytest.mark.gpu
 
@@ -31,14 +31,16 @@ def no_sync_in_steps(appo):
     appo._sgd_step = checked
 
 
-@pytest.mark.parametrize("case", ["feed_forward", "own_none", "stale", "nonfinite", "default"])
-def test_sgd_steps_on_cuda_never_synchronise(case):
+@pytest.mark.parametrize("case, rnn", [("feed_forward", False), ("own_none", False), ("stale", False),
+                                       ("nonfinite", False), ("default", False), ("default", True),
+                                       ("truncated", True)])
+def test_sgd_steps_on_cuda_never_synchronise(case, rnn):
     """feed_forward: minibatches over epochs and the truncation bootstrap; own_none, stale, nonfinite: a population's
-    lag stats and the steps skipped on the device; all without the RNN, whose episode cuts read the dones on the host
-    (sf/model/cores.py, known: docs/benchmarks.md)."""
+    lag stats and the steps skipped on the device; default and truncated with the RNN: its episode cuts come from the
+    batch's dones in host memory (DONES_HOST, as the learner's gather provides them), 2 minibatches and 1."""
     from appo_reference_cases import CASES
     before = dict(CASES[case])
-    CASES[case]["use_rnn"] = False
+    CASES[case]["use_rnn"] = rnn
     try:
         stats, _, appo = run_case(case, "cuda", configure=no_sync_in_steps)
     finally:
@@ -81,7 +83,12 @@ def _filled_buffers(num_slots=6, rollout=4):
 
 
 def _assert_equal_trees(a, b):
+    """a (a CUDA batch, with its host dones) against b (the same trajectories gathered on the host)."""
+    if DONES_HOST in a:
+        assert a[DONES_HOST].device.type == "cpu" and torch.equal(a[DONES_HOST], b["dones"].cpu())
     for k, v in a.items():
+        if k == DONES_HOST:
+            continue
         if isinstance(v, dict):
             _assert_equal_trees(v, b[k])
         else:

@@ -16,6 +16,7 @@ from gymnasium import spaces
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model_test_helpers import VECTOR_OBS, make_cfg, random_experience  # noqa: E402
+from sf.buffers.trajectory_buffers import DONES_HOST  # noqa: E402
 from sf.learning.appo import APPO, STAT_KEYS  # noqa: E402
 from sf.learning.checkpoint import weights_sha256  # noqa: E402
 from sf.model.actor_critic import create_actor_critic  # noqa: E402
@@ -78,8 +79,11 @@ def run_case(case: str, device: str = "cpu", configure=None) -> tuple[list[dict]
     model = create_actor_critic(cfg, VECTOR_OBS, spaces.Discrete(3))
     exp, version = _batch(case, cfg, model)
     model.to(device)
+    host_dones = exp["dones"].clone()
     exp = {k: ({kk: vv.to(device) for kk, vv in v.items()} if isinstance(v, dict) else v.to(device))
            for k, v in exp.items()}
+    if torch.device(device).type == "cuda":  # as the learner's gather gives a CUDA batch (GatherStaging.to_device)
+        exp[DONES_HOST] = host_dones
     appo = APPO(model, cfg, device)
     if configure is not None:
         configure(appo)

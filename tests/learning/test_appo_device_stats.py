@@ -191,3 +191,37 @@ def _tree_items(tree, prefix="") -> dict:
     for k, v in tree.items():
         out.update(_tree_items(v, f"{prefix}{k}/") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
+
+
+@pytest.mark.parametrize("case", ["default", "truncated"])
+def test_host_dones_give_the_same_training(case):
+    """A batch carrying its dones in host memory (DONES_HOST, as a CUDA learner's gather gives it), here on the CPU:
+    one minibatch (truncated) trains to the same bits as without; two (default) cut each minibatch where any
+    trajectory of the batch ended, the same function within rounding."""
+    from appo_reference_cases import T, N, SMALL, _batch
+    from model_test_helpers import make_cfg
+    from sf.buffers.trajectory_buffers import DONES_HOST
+    from sf.learning.appo import APPO
+    from sf.model.actor_critic import create_actor_critic
+    results = []
+    for host in (False, True):
+        torch.manual_seed(0)
+        cfg = make_cfg(**SMALL, rollout=T, recurrence=T,
+                       batch_size=N * T // CASES[case].get("num_batches_per_epoch", 1), **CASES[case])
+        model = create_actor_critic(cfg, VECTOR_OBS, spaces.Discrete(3))
+        exp, version = _batch(case, cfg, model)
+        assert exp["dones"].any()
+        if host:
+            exp[DONES_HOST] = exp["dones"].clone()
+        stats = APPO(model, cfg, "cpu").train(exp, version)
+        results.append((stats, dict(model.named_parameters())))
+    (ref, ref_params), (got, params) = results
+    for s, r in zip(got, ref):
+        for k in ("loss", "value_loss", "entropy", "grad_norm", "kl_divergence"):
+            if case == "truncated":
+                assert s[k] == r[k] or (s[k] != s[k] and r[k] != r[k]), k
+            else:
+                assert s[k] == pytest.approx(r[k], rel=1e-4, abs=1e-6, nan_ok=True), k
+    for name, p in params.items():
+        torch.testing.assert_close(p, ref_params[name], rtol=0 if case == "truncated" else 1e-4,
+                                   atol=0 if case == "truncated" else 1e-6)

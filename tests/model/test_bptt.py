@@ -98,3 +98,25 @@ def test_gradient_truncation_and_reset(rnn_type):
     assert g_reset[1, 2:4].abs().sum() > 0
     assert (g_reset[1, :2] == 0).all()  # before the reset
     assert (g_reset[0] == 0).all()  # trajectories are independent
+
+
+def test_cut_dones_in_host_memory_set_the_cuts():
+    """RecurrentCore.sequence's cut_dones (a CUDA batch's dones in host memory, DONES_HOST): the batch's own dones give
+    the same bits as cutting at `dones`; a superset of trajectories (a minibatch cut where any of its training batch
+    ended) only adds segments (the same function); dones without their cuts would leave a done's reset out."""
+    from sf.model.cores import RecurrentCore
+    torch.manual_seed(0)
+    core = RecurrentCore(6, "gru", 5)
+    s, b = 9, 3
+    x, states = torch.randn(s, b, 6), torch.randn(b, s, 5)
+    dones = torch.zeros(b, s)
+    dones[0, 2] = dones[2, 5] = 1.0
+    with torch.no_grad():
+        ref = core.sequence(x, states, dones, 4)
+        assert torch.equal(core.sequence(x, states, dones, 4, cut_dones=dones.clone()), ref)
+        others = torch.zeros(4, s)
+        others[1, 0] = others[3, 6] = 1.0  # trajectories of the batch outside this minibatch
+        superset = core.sequence(x, states, dones, 4, cut_dones=torch.cat([dones, others]))
+        torch.testing.assert_close(superset, ref, rtol=1e-6, atol=1e-6)
+        uncut = core.sequence(x, states, dones, 4, cut_dones=torch.zeros(b, s))
+    assert not torch.allclose(uncut, ref)  # the cuts come from cut_dones
