@@ -173,7 +173,7 @@ def learner_limit(cfg, iters: int, done_rate: float) -> tuple[float, int, float,
     share)."""
     from sf.learning.appo import APPO
     from sf.learning.learner import learner_threads
-    from sf.model.actor_critic import create_actor_critic, resolve_precision
+    from sf.model.actor_critic import create_actor_critic, run_precision
     from sf.processes.control import limit_threads
     from sf.runner.preflight import probe_env
     threads = learner_threads(cfg)
@@ -181,8 +181,7 @@ def learner_limit(cfg, iters: int, done_rate: float) -> tuple[float, int, float,
     obs_space, action_space = probe_env(cfg)[:2]
     torch.manual_seed(0)
     model = create_actor_critic(cfg, obs_space, action_space)
-    model.compute_dtype = resolve_precision(cfg.precision, model, "cpu", deterministic=cfg.sync_mode != "async")
-    appo = APPO(model, cfg, "cpu")  # (the learner's own precision, as Learner.__init__ resolves it)
+    appo = APPO(run_precision(cfg, model, "cpu"), cfg, "cpu")  # (the learner's own precision, as Learner.__init__'s)
     exp = fake_batch(cfg, model, obs_space, action_space, done_rate)
     samples = exp["rewards"].numel()
     machine0, cpu0 = machine_cpu(), time.process_time()

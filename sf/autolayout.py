@@ -411,20 +411,13 @@ def _timed(fn, seconds: float, sync) -> float:
     return robust_time(times)
 
 
-def _run_precision(cfg, model, device: str):
-    """`model` computing as the run's processes compute it (--precision, resolved as they resolve it)."""
-    from sf.model.actor_critic import resolve_precision
-    model.compute_dtype = resolve_precision(cfg.precision, model, device, deterministic=cfg.sync_mode != "async")
-    return model
-
-
 def measure_forward(cfg, obs_space, action_space, device: str, seconds: float) -> dict:
     """rows -> seconds of one `forward_step` of the run's model on that many rows (inference mode), as a policy
     worker computes it (its precision, its acting copy of the weights)."""
     import numpy as np
     import torch
-    from sf.model.actor_critic import create_actor_critic
-    model = _run_precision(cfg, create_actor_critic(cfg, obs_space, action_space).to(device).eval(), device)
+    from sf.model.actor_critic import create_actor_critic, run_precision
+    model = run_precision(cfg, create_actor_critic(cfg, obs_space, action_space).to(device).eval(), device)
     model.cast_for_inference()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     out = {}
@@ -477,14 +470,14 @@ def measure_learner(cfg, obs_space, action_space, device: str, frameskip: int, b
     import copy
     import torch
     from sf.learning.appo import APPO
-    from sf.model.actor_critic import create_actor_critic
+    from sf.model.actor_critic import create_actor_critic, run_precision
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     out = {}
     each = seconds / (len(batch_sizes) * len(thread_counts))
     for B in batch_sizes:
         c = copy.copy(cfg)
         c.batch_size = B
-        model = _run_precision(c, create_actor_critic(c, obs_space, action_space).to(device), device)
+        model = run_precision(c, create_actor_critic(c, obs_space, action_space).to(device), device)
         appo = APPO(model, c, device, frames_per_sample=frameskip)
         samples = B * c.num_batches_per_epoch
         exp = synthetic_batch(model, obs_space, action_space, max(1, samples // c.rollout), c.rollout, device,

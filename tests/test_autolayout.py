@@ -231,7 +231,7 @@ def test_measured_episode_ends_and_the_runs_precision():
     """measure_envs counts the episode ends it sees (test_image: 16 steps per episode), which the learner's synthetic
     batch then has; the forward and learner measurements compute in the run's precision, resolved as the run's
     processes resolve it."""
-    from sf.model.actor_critic import create_actor_critic, resolve_precision
+    from sf.model.actor_critic import create_actor_critic, resolve_precision, run_precision
     from sf_envs.registry import make_env
     cfg = parse_cfg(["--env", "test_image", "--device", "cpu", "--train_dir", "/tmp/unused"])
     envs = [make_env(cfg, env_index=i) for i in range(2)]
@@ -248,5 +248,5 @@ def test_measured_episode_ends_and_the_runs_precision():
     for precision, mode in (("auto", "async"), ("bfloat16", "async"), ("auto", "hts")):
         c = parse_cfg(["--env", "test_image", "--device", "cpu", "--precision", precision, "--sync_mode", mode,
                        "--train_dir", "/tmp/unused"])
-        m = al._run_precision(c, create_actor_critic(c, envs[0].observation_space, envs[0].action_space), "cpu")
+        m = run_precision(c, create_actor_critic(c, envs[0].observation_space, envs[0].action_space), "cpu")
         assert m.compute_dtype is resolve_precision(precision, m, "cpu", deterministic=mode != "async")

@@ -50,7 +50,6 @@ import collections
 import copy
 import logging
 import math
-import os
 import queue
 import threading
 import time
@@ -63,7 +62,8 @@ from sf.learning.checkpoint import (check_compatible, load_into, make_checkpoint
                                     restore_rng_states, weights_sha256)
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks/profile_training.py)
-from sf.model.actor_critic import create_actor_critic, resolve_precision
+from sf.model.actor_critic import create_actor_critic, run_precision
+from sf.processes.control import usable_cores
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, SLOT_FREE,
                                       VERSION, learner_name, slot_held)
@@ -115,8 +115,7 @@ class Learner:
             deterministic_kernels(self.device)
         torch.manual_seed(stream_seed(run_seed(cfg), MODEL, policy_id))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
-        self.model.compute_dtype = resolve_precision(getattr(cfg, "precision", "float32"), self.model, self.device,
-                                                     deterministic=getattr(cfg, "sync_mode", "async") != "async")
+        run_precision(cfg, self.model, self.device)
         if self.model.compute_dtype is not None and policy_id == 0:
             log.info("The observation encoder computes in bfloat16 (--precision %s; float32 weights, RNN, heads and losses)",
                      cfg.precision)
@@ -526,7 +525,7 @@ def learner_threads(cfg) -> int:
     Why not every core beside the workers: an OpenMP thread of the learner that a worker preempts holds up its siblings
     at every barrier while they spin (measured on 2 cores, doom_battle 2 workers x 8 envs: 1 learner thread trained
     1.33x the frames/s of 2)."""
-    cores = len(os.sched_getaffinity(0)) or 1  # this rank's share of the machine (torchrun: sf.train sets it)
+    cores = usable_cores()  # this rank's share of the machine (torchrun: sf.train sets it)
     if cfg.learner_torch_threads:
         return cfg.learner_torch_threads
     mode = getattr(cfg, "sync_mode", "async")

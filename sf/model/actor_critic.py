@@ -262,6 +262,15 @@ def resolve_precision(choice: str, model: nn.Module, device, deterministic: bool
     return torch.bfloat16 if has_conv and native_bfloat16(device) else None
 
 
+def run_precision(cfg, model: ActorCritic, device, deterministic: Optional[bool] = None) -> ActorCritic:
+    """Set model.compute_dtype as the run's processes set it: --precision resolved on `device` (resolve_precision),
+    deterministic in the sync modes unless `deterministic` says otherwise (a policy worker evaluating). Returns model."""
+    if deterministic is None:
+        deterministic = getattr(cfg, "sync_mode", "async") != "async"
+    model.compute_dtype = resolve_precision(getattr(cfg, "precision", "float32"), model, device, deterministic)
+    return model
+
+
 def create_actor_critic(cfg, obs_space, action_space, channels_last: bool = True) -> ActorCritic:
     """The model of the contract. `channels_last`: conv activations after the first layer in NHWC memory
     format (oneDNN's preferred layout; measured a little faster on CPU, see benchmarks/learner_step.py

@@ -30,7 +30,7 @@ from queue import Empty
 import numpy as np
 import torch
 
-from sf.model.actor_critic import create_actor_critic, resolve_precision
+from sf.model.actor_critic import create_actor_critic, run_precision
 from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
 
 
@@ -56,8 +56,7 @@ class PolicyWorker:
         self.group_size = env_slots.shape[1] // cfg.worker_num_splits  # agents per group
         self.random_policy = getattr(cfg, "random_policy", False)
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
-        self.model.compute_dtype = resolve_precision(getattr(cfg, "precision", "float32"), self.model, self.device,
-                                                     deterministic=self.sync)
+        run_precision(cfg, self.model, self.device, deterministic=self.sync)
         self.model.cast_for_inference()  # weights cast once per published version, not once per forward
         self.version = -1
         self.max_requests = cfg.num_workers * cfg.worker_num_splits

@@ -1,7 +1,6 @@
 """--precision: which arithmetic the observation encoder runs in (resolve_precision), and what bfloat16 changes: the
-encoder's output only; the RNN, the heads and every output stay float32."""
-from types import SimpleNamespace
-
+encoder's output only; the RNN, the heads and every output stay float32 (the learner's model; the policy workers' acting
+copy, cast_for_inference, also computes the RNN's gate products in bfloat16: tested below)."""
 import numpy as np
 import pytest
 import torch
