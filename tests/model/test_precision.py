@@ -137,3 +137,34 @@ def test_cast_for_inference_without_compute_dtype_changes_nothing():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.cast_for_inference()
     assert all(v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("architecture", ["convnet_simple", "resnet_impala"])
+@pytest.mark.parametrize("obs_dtype", [torch.uint8, torch.float32])
+def test_autocast_first_conv_input_same_bits_as_float32_input(architecture, obs_dtype):
+    """ImageEncoder._conv_input hands the first convolution its input in the compute dtype (and NHWC on CPU) at once;
+    oracle: the same encoder fed float32 NCHW frames, which autocast rounds to bfloat16 itself. Forward bits equal;
+    the first conv's weight gradient within float32 summation-order rounding."""
+    from sf.model.encoders import ImageEncoder, make_image_encoder
+    cfg = parse_cfg(["--env", "test_image", "--device", "cpu", "--hidden_size", "32", "--train_dir", "/tmp/unused",
+                     "--encoder_conv_architecture", architecture])
+    torch.manual_seed(0)
+    enc = make_image_encoder(cfg, (3, 36, 64))
+    g = torch.Generator().manual_seed(2)
+    frames = torch.randint(0, 256, (5, 3, 36, 64), dtype=torch.uint8, generator=g).to(obs_dtype)
+    if obs_dtype.is_floating_point:  # not representable in bfloat16: one rounding, as autocast's
+        frames += torch.rand(frames.shape, generator=g)
+    results = []
+    for as_float32 in (False, True):
+        enc.zero_grad()
+        conv_input = (lambda self, x: x.to(torch.float32)) if as_float32 else ImageEncoder._conv_input
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ImageEncoder, "_conv_input", conv_input)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = enc(frames).float()
+        out.square().sum().backward()
+        results.append((out.detach(), enc.first_conv.weight.grad.clone(), enc.fc.weight.grad.clone()))
+    (out, w_grad, fc_grad), (ref, ref_w_grad, ref_fc_grad) = results
+    assert torch.equal(out, ref)
+    assert torch.equal(fc_grad, ref_fc_grad)
+    torch.testing.assert_close(w_grad, ref_w_grad, rtol=1e-3, atol=1e-3 * ref_w_grad.abs().max().item())
