@@ -36,6 +36,7 @@ from typing import Optional
 from sf.launch.state import LAUNCH_LOG, checkpoint_frames, last_line, process_start, read_launch, run_state, \
     write_launch
 from sf.launch.sweep import Run, Sweep, SweepError, train_command
+from sf.processes.control import StopRequests
 from sf.utils.files import write_json_atomic
 
 LAUNCH_DIR = ".launch"
@@ -78,7 +79,7 @@ class LocalLauncher:
     def __init__(self, sweep: Sweep, max_parallel: int, out=None):
         self.sweep, self.max_parallel, self.out = sweep, max_parallel, out
         self.procs: dict[str, tuple[subprocess.Popen, Run, int]] = {}  # name -> (process, run, slot)
-        self.signals = 0
+        self.signals, self.stop_requests = 0, StopRequests()
         self.failed: list[str] = []
         self.interrupted: list[str] = []
         self.finished: list[str] = []
@@ -114,7 +115,9 @@ class LocalLauncher:
 
     # --- run ---
     def _on_signal(self, signum, frame) -> None:
-        self.signals += 1
+        if not self.stop_requests.receive(signum):  # the same request again (timeout: to the process and its group)
+            return
+        self.signals = self.stop_requests.count
         if self.signals == 1:
             self.say(f"{signal.Signals(signum).name}: stopping {len(self.procs)} run(s) (final checkpoints); "
                      "again to stop at once, a third time to kill")

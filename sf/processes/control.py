@@ -110,6 +110,28 @@ def _wait_dead(processes: list, timeout: float) -> None:
         time.sleep(0.02)
 
 
+REPEAT_GAP_SEC = 0.5  # a person's second Ctrl-C comes later than this after the first
+
+
+class StopRequests:
+    """How many times a process was asked to stop by SIGINT/SIGTERM, counted as a person means them: the first signal
+    asks for an orderly stop, and only a later Ctrl-C (SIGINT at least REPEAT_GAP_SEC after the last one counted) asks
+    again (stop at once). `timeout` and terminals deliver one request to a process and to its process group, so the
+    same request can arrive twice within microseconds; and a repeated SIGTERM is not a second request: escalating is
+    its sender's (SIGKILL after a grace period: `timeout -k`, Slurm's KillWait)."""
+
+    def __init__(self):
+        self.count, self._last = 0, float("-inf")
+
+    def receive(self, signum: int, now: float | None = None) -> bool:
+        """Count `signum` (at monotonic time `now`); True if it is a new request, False if it repeats the last."""
+        now = time.monotonic() if now is None else now
+        if self.count and (signum != signal.SIGINT or now - self._last < REPEAT_GAP_SEC):
+            return False
+        self.count, self._last = self.count + 1, now
+        return True
+
+
 def _raise_parent_died(signum, frame) -> None:
     # ignore any further SIGTERM: closing a VizDoom game delivers one to this process (seen with vizdoom 1.2),
     # which would otherwise kill the worker half-way through closing its envs

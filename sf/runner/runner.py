@@ -37,7 +37,7 @@ from sf.learning.appo import exploration_loss_problem
 from sf.learning.learner import checkpoint_meta, run_learner
 from sf.model.action_spaces import check_action_mask
 from sf.model.actor_critic import create_actor_critic
-from sf.processes.control import add_leftover_hook, become_subreaper, kill_tree
+from sf.processes.control import StopRequests, add_leftover_hook, become_subreaper, kill_tree
 from sf.processes.fds import MAX_FDS_SENT, fds_sent
 from sf.processes.shared_state import FINISHED, VERSION, SharedState, learner_name, policy_worker_name
 from sf.runner import tracking
@@ -169,7 +169,7 @@ class Runner:
         self.procs: dict[str, torch.multiprocessing.Process] = {}
         self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
         self.exit_code = 0
-        self.interrupts = 0
+        self.interrupts, self.stop_requests = 0, StopRequests()
         self.reported: set[str] = set()  # processes whose death was already reported (one line each)
         self.causes: dict[str, str] = {}  # process -> how it failed (its exception, a stall), for its restart line
         self.reports = ReportReader(cfg, self.queues.report, self.stats, self.state, self.stack_files, self._crashed)
@@ -459,7 +459,9 @@ class Runner:
             self.world_report = (now, collected)
 
     def _on_signal(self, signum, frame) -> None:
-        self.interrupts += 1
+        if not self.stop_requests.receive(signum):  # the same request again (timeout: to the process and its group)
+            return
+        self.interrupts = self.stop_requests.count
         if self.interrupts > 1:  # second Ctrl-C: exit at once
             for p in self.procs.values():
                 if p.is_alive():

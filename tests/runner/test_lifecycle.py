@@ -168,6 +168,32 @@ def test_signal_to_the_process_group(tmp_path, sig, serial, every_process):
     assert wait_until(lambda: not tagged(tag), 10.0)
 
 
+@pytest.mark.parametrize("sig,gap", [(signal.SIGTERM, 0.005), (signal.SIGINT, 0.005), (signal.SIGTERM, 0.6)],
+                         ids=["sigterm_twice_at_once", "ctrl_c_twice_at_once", "sigterm_again_later"])
+def test_a_signal_repeated_is_one_request(tmp_path, sig, gap):
+    """`timeout` sends its SIGTERM to the run and to the run's process group: the runner gets it twice within
+    microseconds, which once counted as a second Ctrl-C (exit at once: no final checkpoint, engines' shared memory
+    left). The same signal twice in a row is one request, and a repeated SIGTERM never escalates (the sender's SIGKILL
+    does): the run stops in order. (A later second Ctrl-C still stops at once: tests/test_stop_requests.py; this
+    small run's stop is over before a person's second press could come.)"""
+    tag = uuid.uuid4().hex
+    log = tmp_path / "console.txt"
+    p = start(["--env", "test_corridor", "--experiment", "e", "--train_dir", str(tmp_path), "--num_workers", "2",
+               "--num_envs_per_worker", "4", "--train_for_seconds", "300", *SMALL], log, tag, new_session=True)
+    try:
+        assert wait_until(lambda: re.search(r"Policy version: [1-9]", log.read_text()), 90), log.read_text()[-2000:]
+        os.kill(p.pid, sig)
+        time.sleep(gap)
+        os.kill(p.pid, sig)  # (a zombie until waited for: never another process)
+        rc = p.wait(timeout=30)
+    finally:
+        p.kill()
+    console = log.read_text()
+    assert console.count("received: stopping") == 1, console[-3000:]
+    assert rc == 0 and "Saved final checkpoint" in console, console[-3000:]
+    assert wait_until(lambda: not tagged(tag), 10.0)
+
+
 # --- one run per experiment; a finished experiment resumed ---
 
 def _base(tmp_path) -> list:
