@@ -286,6 +286,14 @@ def register_leftover_files(hook: Callable[[list[str]], list[Path]]) -> None:
         _LEFTOVER_HOOKS.append(hook)
 
 
+def remove_stale_leftovers(min_age: float = 300.0) -> tuple[int, int]:
+    """Remove what env processes of earlier runs left behind when every process of their run was killed at once and
+    nobody was left to remove it (VizDoom engines' shared memory: sf_envs.doom.engine_shm.stale_engine_files): files
+    of this user, older than `min_age` seconds, that no live process uses. Returns (files removed, bytes freed)."""
+    from sf_envs.doom.engine_shm import remove_stale_engine_files  # (no vizdoom import)
+    return remove_stale_engine_files(min_age)
+
+
 def process_leftover_files(cmdline: list[str]) -> list[Path]:
     """The files a killed env process of this command line leaves behind ([] for any other process): for the training
     system's process control (sf.processes.control.add_leftover_hook), which knows no env."""

@@ -55,7 +55,7 @@ from sf.runner.supervision import TRACE_LOG, child_main, kill_adopted, worker_co
 from sf.runner.watchdog import StallWatchdog
 from sf.sampling.policy_worker import run_policy_worker
 from sf.sampling.rollout_worker import run_rollout_worker
-from sf_envs.registry import env_spec, process_leftover_files
+from sf_envs.registry import env_spec, process_leftover_files, remove_stale_leftovers
 
 log = logging.getLogger("sf")
 MODE_LINES = {
@@ -110,6 +110,10 @@ class Runner:
         self.world = world or distributed.World()
         tracking.check(cfg)  # --with_wandb: wandb imports
         add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
+        removed, freed = remove_stale_leftovers()  # what killed runs left there (before the /dev/shm check below)
+        if removed:
+            log.info("Removed %d files (%.0f MiB) from /dev/shm that engines of killed runs left there", removed,
+                     freed / 2**20)
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)

@@ -4,21 +4,94 @@ A VizDoom game's host (the Python process that created it: a rollout worker) cre
 objects named after the game's instance id, and removes them when the game is closed. A host that is SIGKILLed never
 closes its games, and ~10 MiB per game stay in /dev/shm until reboot. The engine is started with
 `+viz_instance_id ID` on its command line (vizdoom 1.2), which names them, so whoever kills the engine can remove them.
+When nobody was left to do that (every process of a run SIGKILLed at once: `kill -9` of its process group, the OOM
+killer, a cgroup or batch-system kill), the next run removes them at start-up (remove_stale_engine_files).
 """
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
 SEGMENT_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")  # screen buffers, controller and engine queues
 
 
-def engine_shm_files(cmdline: list[str]) -> list[Path]:
-    """The shared-memory files of the VizDoom engine with this command line; [] for any other process."""
+def engine_instance_id(cmdline: list[str]) -> str | None:
+    """The instance id of the VizDoom engine with this command line; None for any other process."""
     try:
         instance_id = cmdline[cmdline.index("+viz_instance_id") + 1]
     except (ValueError, IndexError):
-        return []
+        return None
     if not instance_id or "/" in instance_id or instance_id.startswith("."):
+        return None
+    return instance_id
+
+
+def engine_shm_files(cmdline: list[str]) -> list[Path]:
+    """The shared-memory files of the VizDoom engine with this command line; [] for any other process."""
+    instance_id = engine_instance_id(cmdline)
+    return [] if instance_id is None else [SHM_DIR / f"{prefix}{instance_id}" for prefix in SEGMENT_PREFIXES]
+
+
+def stale_engine_files(min_age: float = 300.0) -> list[Path]:
+    """Engine shared-memory files in /dev/shm that nothing uses any more: ours (this user's), older than `min_age`
+    seconds (a game being created has made its files but not yet started its engine), of an instance id that no live
+    process names on its command line (its engine) and no live process has mapped or open (its host). What runs whose
+    every process was SIGKILLed at once leave behind: no host closed the games, no runner was left to remove them."""
+    import psutil  # (only when there are candidates: most start-ups see none)
+    groups: dict[str, list[Path]] = {}
+    now, uid = time.time(), os.getuid()
+    try:
+        entries = list(os.scandir(SHM_DIR))
+    except OSError:
         return []
-    return [SHM_DIR / f"{prefix}{instance_id}" for prefix in SEGMENT_PREFIXES]
+    for entry in entries:
+        prefix = next((p for p in SEGMENT_PREFIXES if entry.name.startswith(p)), None)
+        if prefix is None:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid == uid and now - st.st_mtime >= min_age:
+            groups.setdefault(entry.name[len(prefix):], []).append(Path(entry.path))
+    if not groups:
+        return []
+    for proc in psutil.process_iter(["cmdline"]):  # engines alive: their files are in use
+        groups.pop(engine_instance_id(proc.info["cmdline"] or []), None)
+        if not groups:
+            return []
+    in_use = _mapped_or_open(set(f.name for files in groups.values() for f in files))
+    return sorted(f for files in groups.values() if not any(f.name in in_use for f in files) for f in files)
+
+
+def _mapped_or_open(names: set[str]) -> set[str]:
+    """Which of these /dev/shm file names some process we can inspect has mapped or open."""
+    found = set()
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/maps", errors="replace") as f:
+                found.update(n for line in f if "/dev/shm/" in line
+                             for n in (line.rstrip("\n").split("/dev/shm/", 1)[1].removesuffix(" (deleted)"),)
+                             if n in names)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/") and target[len("/dev/shm/"):] in names:
+                    found.add(target[len("/dev/shm/"):])
+        except OSError:  # gone, or not ours to read (not ours: its files are not ours either, see the uid check)
+            continue
+    return found
+
+
+def remove_stale_engine_files(min_age: float = 300.0) -> tuple[int, int]:
+    """Remove stale_engine_files(); returns (files removed, bytes freed)."""
+    count = freed = 0
+    for f in stale_engine_files(min_age):
+        try:
+            size = f.stat().st_size
+            f.unlink()
+        except OSError:  # removed meanwhile, or not removable
+            continue
+        count, freed = count + 1, freed + size
+    return count, freed

@@ -1,7 +1,9 @@
 """VizDoom envs for real: spaces, reward scaling and info["episode"], measurements and heads, bots, data."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -213,6 +215,80 @@ def test_engine_command_line_names_its_shared_memory():
     finally:
         env.close()
     assert not any(f.exists() for f in files)
+
+
+def _fake_engine_files(instance_id: str, age: float) -> list:
+    from sf_envs.doom.engine_shm import SEGMENT_PREFIXES, SHM_DIR
+    files = [SHM_DIR / f"{prefix}{instance_id}" for prefix in SEGMENT_PREFIXES]
+    for f in files:
+        f.write_bytes(b"\0" * 4096)
+        os.utime(f, (time.time() - age, time.time() - age))
+    return files
+
+
+def test_stale_engine_files_only_those_nothing_uses(tmp_path):
+    """stale_engine_files (removed at each run's start): engine files older than min_age that no live process names
+    (an engine's +viz_instance_id) or has mapped (its host); young files (a game being created) are kept."""
+    import uuid
+    from sf_envs.doom.engine_shm import remove_stale_engine_files, stale_engine_files
+    ids = {k: f"sftest{k}{uuid.uuid4().hex[:10]}" for k in ("stale", "young", "engine", "host")}
+    files = {k: _fake_engine_files(i, 0.0 if k == "young" else 600.0) for k, i in ids.items()}
+    engine = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.read()", "+viz_instance_id",
+                               ids["engine"]], stdin=subprocess.PIPE)
+    host = subprocess.Popen([sys.executable, "-c", "import mmap, sys\nf = open(sys.argv[1], 'r+b')\n"
+                             "m = mmap.mmap(f.fileno(), 4096)\nf.close()\nprint('mapped', flush=True)\n"
+                             "sys.stdin.read()", str(files["host"][0])], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert host.stdout.readline().strip() == b"mapped"
+        # (the engine's command line is visible from its exec on; psutil reads it at the call)
+        ours = [f for f in stale_engine_files(min_age=300.0) if f.name.endswith(tuple(ids.values()))]
+        assert ours == sorted(files["stale"]), ours
+        assert remove_stale_engine_files(min_age=300.0)[0] >= 3
+        assert not any(f.exists() for f in files["stale"])
+        assert all(f.exists() for k in ("young", "engine", "host") for f in files[k])
+    finally:
+        for p in (engine, host):
+            p.stdin.close()
+            p.wait(timeout=10)
+        for f in (f for fs in files.values() for f in fs):
+            f.unlink(missing_ok=True)
+
+
+def test_engine_files_of_a_run_killed_at_once_are_removed_by_the_next(tmp_path):
+    """Every process of a Doom env's host SIGKILLed at once (its engine too): nobody closes the game, its three files
+    stay in /dev/shm; the next remove_stale_engine_files removes them (a live game's files stay)."""
+    import psutil
+    from sf_envs.doom.engine_shm import engine_shm_files, remove_stale_engine_files, stale_engine_files
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from env_test_helpers import cfg_for; "
+            "from sf_envs.registry import make_env; env = make_env(cfg_for('doom_basic')); env.reset(); "
+            "print('ready', flush=True); sys.stdin.read()")
+    host = subprocess.Popen([sys.executable, "-c", code, str(ROOT / "tests" / "envs")], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, start_new_session=True)
+    live = make_env(cfg_for("doom_basic"))
+    live.reset()
+    try:
+        assert host.stdout.readline().strip() == b"ready"
+        engines = [c for c in psutil.Process(host.pid).children(recursive=True) if c.name() == "vizdoom"]
+        assert len(engines) == 1, engines
+        files = engine_shm_files(engines[0].cmdline())
+        assert all(f.is_file() for f in files)
+        assert not set(files) & set(stale_engine_files(min_age=0.0))  # alive: in use
+        os.killpg(host.pid, signal.SIGKILL)
+        host.wait(timeout=10)
+        psutil.wait_procs(engines, timeout=10)
+        assert all(f.is_file() for f in files)  # left behind
+        stale = stale_engine_files(min_age=0.0)
+        assert set(files) <= set(stale)
+        mine = [c for c in psutil.Process().children(recursive=True) if c.name() == "vizdoom"]
+        assert len(mine) == 1 and not set(engine_shm_files(mine[0].cmdline())) & set(stale)  # the live game's
+        remove_stale_engine_files(min_age=0.0)
+        assert not any(f.exists() for f in files)
+        assert all(f.exists() for f in engine_shm_files(mine[0].cmdline()))
+    finally:
+        live.close()
+        if host.poll() is None:
+            os.killpg(host.pid, signal.SIGKILL)
+            host.wait()
 
 
 def test_reward_shaping_coefficients_are_parameters(doom_data):
