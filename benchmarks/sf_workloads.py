@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import psutil  # noqa: E402
+
 from common import FPS_RE, header, table  # noqa: E402
 from sf.runner.stats import read_event_scalars  # noqa: E402
 
@@ -108,11 +110,37 @@ def stop_session(proc: subprocess.Popen, grace: float = 60.0) -> None:
             proc.wait(timeout=grace)
         except (ProcessLookupError, subprocess.TimeoutExpired, KeyboardInterrupt):  # a second Ctrl-C: kill at once
             pass
+    session = session_processes(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+    remove_shm_of(session)
+
+
+def session_processes(sid: int) -> dict[int, list[str]]:
+    """pid -> command line of every live process of session `sid` (a run started with start_new_session)."""
+    found = {}
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if os.getsid(p.pid) == sid:
+                found[p.pid] = p.info["cmdline"] or []
+        except (ProcessLookupError, PermissionError):
+            pass
+    return found
+
+
+def remove_shm_of(processes: dict[int, list[str]]) -> None:
+    """Remove what these (killed) processes leave in /dev/shm: Sample Factory shares its tensors with torch's
+    file_system strategy (/dev/shm/torch_<pid>_*, freed by torch_shm_manager, which its session's SIGKILL kills too)
+    and VizDoom engines' files (their hosts never closed the games)."""
+    from sf_envs.doom.engine_shm import engine_shm_files
+    psutil.wait_procs([psutil.Process(pid) for pid in processes if psutil.pid_exists(pid)], timeout=10)
+    files = [f for cmdline in processes.values() for f in engine_shm_files(cmdline)]
+    files += [f for pid in processes for f in Path("/dev/shm").glob(f"torch_{pid}_*")]
+    for f in files:
+        f.unlink(missing_ok=True)
 
 
 def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict | None = None,
