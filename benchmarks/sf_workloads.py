@@ -103,18 +103,25 @@ def workloads(args) -> dict[str, dict]:
 
 def stop_session(proc: subprocess.Popen, grace: float = 60.0) -> None:
     """SIGINT the process group of `proc` (a run started in its own session) if it still runs, SIGKILL it after
-    `grace` seconds; then every process left in the group (engines, workers) is killed."""
+    `grace` seconds; then every process left in the group (engines, workers) is killed, and what the session's
+    processes leave in /dev/shm is removed."""
+    session = session_processes(proc.pid)  # (its main process, once it has exited, is not found below)
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait(timeout=grace)
         except (ProcessLookupError, subprocess.TimeoutExpired, KeyboardInterrupt):  # a second Ctrl-C: kill at once
             pass
-    session = session_processes(proc.pid)
+    session.update(session_processes(proc.pid))
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for pid in session_processes(proc.pid):  # in process groups of their own (our fork server's)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
     remove_shm_of(session)
 
@@ -170,8 +177,7 @@ def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict |
                 if seen > frames:
                     frames, progress_at = seen, time.time()
                 elif time.time() - progress_at > stall_sec:
-                    os.killpg(proc.pid, signal.SIGKILL)  # its own session: the run's workers go with it
-                    proc.wait()
+                    stop_session(proc, grace=0.0)  # its own session: the run's workers go with it
                     stalled = True
         finally:  # this script stopped (Ctrl-C, SIGTERM, an error): the run in its own session would go on alone
             stop_session(proc)
