@@ -112,8 +112,8 @@ class Runner:
         add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
         removed, freed = remove_stale_leftovers()  # what killed runs left there (before the /dev/shm check below)
         if removed:
-            log.info("Removed %d files (%.0f MiB) from /dev/shm that engines of killed runs left there", removed,
-                     freed / 2**20)
+            log.info("Removed %d files (%.1f MiB of memory) from /dev/shm that engines of killed runs left there",
+                     removed, freed / 2**20)
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
