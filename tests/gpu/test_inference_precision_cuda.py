@@ -10,7 +10,7 @@ from gymnasium import spaces
 from sf.buffers.shared_weights import SharedWeights
 from sf.cfg import parse_cfg
 from sf.model.actor_critic import create_actor_critic, native_bfloat16
-from test_precision import naive_low_precision_step  # tests/model (conftest puts it on the path)
+from test_precision import check_first_conv_input, naive_low_precision_step  # tests/model (on the path: conftest)
 
 IMAGE = spaces.Dict({"obs": spaces.Box(0, 255, (3, 36, 64), np.uint8)})
 
@@ -45,3 +45,13 @@ def test_acting_copy_on_cuda_loads_converted_weights_and_follows_the_equations(r
     for a, b in zip(ref, got):
         assert b.dtype == torch.float32 and b.is_cuda
         torch.testing.assert_close(b, a, atol=0.03, rtol=0.0)
+
+
+@pytest.mark.parametrize("architecture", ["convnet_simple", "resnet_impala"])
+@pytest.mark.parametrize("obs_dtype", [torch.uint8, torch.float32])
+def test_autocast_first_conv_input_on_cuda(architecture, obs_dtype):
+    """On CUDA the frames go to the first convolution converted once, to bfloat16 (NCHW, as before): the same bits as
+    float32 frames rounded by autocast."""
+    if not native_bfloat16("cuda"):
+        pytest.skip("this GPU has no native bfloat16: --precision auto keeps float32 there")
+    check_first_conv_input("cuda", architecture, obs_dtype)

@@ -139,28 +139,27 @@ def test_cast_for_inference_without_compute_dtype_changes_nothing():
     assert all(v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
-@pytest.mark.parametrize("architecture", ["convnet_simple", "resnet_impala"])
-@pytest.mark.parametrize("obs_dtype", [torch.uint8, torch.float32])
-def test_autocast_first_conv_input_same_bits_as_float32_input(architecture, obs_dtype):
+def check_first_conv_input(device: str, architecture: str, obs_dtype: torch.dtype) -> None:
     """ImageEncoder._conv_input hands the first convolution its input in the compute dtype (and NHWC on CPU) at once;
     oracle: the same encoder fed float32 NCHW frames, which autocast rounds to bfloat16 itself. Forward bits equal;
-    the first conv's weight gradient within float32 summation-order rounding."""
+    the first conv's weight gradient within float32 summation-order rounding. (tests/gpu: the same on CUDA.)"""
     from sf.model.encoders import ImageEncoder, make_image_encoder
-    cfg = parse_cfg(["--env", "test_image", "--device", "cpu", "--hidden_size", "32", "--train_dir", "/tmp/unused",
+    cfg = parse_cfg(["--env", "test_image", "--device", device, "--hidden_size", "32", "--train_dir", "/tmp/unused",
                      "--encoder_conv_architecture", architecture])
     torch.manual_seed(0)
-    enc = make_image_encoder(cfg, (3, 36, 64))
+    enc = make_image_encoder(cfg, (3, 36, 64)).to(device)
     g = torch.Generator().manual_seed(2)
     frames = torch.randint(0, 256, (5, 3, 36, 64), dtype=torch.uint8, generator=g).to(obs_dtype)
     if obs_dtype.is_floating_point:  # not representable in bfloat16: one rounding, as autocast's
         frames += torch.rand(frames.shape, generator=g)
+    frames = frames.to(device)
     results = []
     for as_float32 in (False, True):
         enc.zero_grad()
         conv_input = (lambda self, x: x.to(torch.float32)) if as_float32 else ImageEncoder._conv_input
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(ImageEncoder, "_conv_input", conv_input)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
                 out = enc(frames).float()
         out.square().sum().backward()
         results.append((out.detach(), enc.first_conv.weight.grad.clone(), enc.fc.weight.grad.clone()))
@@ -168,3 +167,9 @@ def test_autocast_first_conv_input_same_bits_as_float32_input(architecture, obs_
     assert torch.equal(out, ref)
     assert torch.equal(fc_grad, ref_fc_grad)
     torch.testing.assert_close(w_grad, ref_w_grad, rtol=1e-3, atol=1e-3 * ref_w_grad.abs().max().item())
+
+
+@pytest.mark.parametrize("architecture", ["convnet_simple", "resnet_impala"])
+@pytest.mark.parametrize("obs_dtype", [torch.uint8, torch.float32])
+def test_autocast_first_conv_input_same_bits_as_float32_input(architecture, obs_dtype):
+    check_first_conv_input("cpu", architecture, obs_dtype)
