@@ -310,13 +310,21 @@ def test_each_process_kind_killed_once_the_run_goes_on(tmp_path):
         p.kill()
     for name in ("rollout_worker_0", "policy_worker_0", "learner"):
         assert re.search(rf"Restarted {name} \(pid \d+\) after it was killed by SIGKILL: restart 1 of", text), name
-    replacement = re.search(r"Replacement learner: weights of the last SGD step \(version (\d+)\), optimizer state of "
-                            r"the latest checkpoint \(version \d+\); policy version (\d+)", text)
-    assert replacement and int(replacement.group(2)) == int(replacement.group(1)) + 1  # versions go on
+    # the kill lands while the learner trains (its last SGD step's weights taken over) or, on a small model that
+    # publishes after every short step, while it writes them (then they are torn: the latest checkpoint's instead)
+    replacement = re.search(r"Replacement learner: weights of (?:the last SGD step \(version (\d+)\)|the latest "
+                            r"checkpoint \(the learner died writing its weights\)), optimizer state of the latest "
+                            r"checkpoint \(version (\d+)\); policy version (\d+)", text)
+    assert replacement, text[-4000:]
+    published, checkpoint, new_version = replacement.groups()
+    if published is not None:
+        assert int(new_version) == int(published) + 1  # versions go on
+    else:
+        assert int(new_version) > int(checkpoint)  # past every version the actors may have seen (_take_over)
     assert "Faults: 3 restarts (rollout workers 1, policy workers 1, learners 1)" in text
     assert re.search(r"Slot audit: \d+ slots, .*: every slot accounted for exactly once", text), text[-3000:]
     state = CheckpointManager(tmp_path / "e2e").load("latest")  # the final checkpoint loads, newer than the kills
-    assert state["policy_version"] >= version_before_stop > int(replacement.group(2))
+    assert state["policy_version"] >= version_before_stop > int(new_version)
     scalars = read_event_scalars(tmp_path / "e2e")
     for kind in ("rollout_worker", "policy_worker", "learner"):
         assert scalars[f"faults/restarts_{kind}"][-1][1] == 1.0, kind
