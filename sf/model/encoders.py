@@ -134,9 +134,10 @@ class ImageEncoder(nn.Module):
         low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         if low is None or low == torch.float32:
             return x if x.dtype == torch.float32 else x.to(torch.float32)
-        if self.channels_last and device == "cpu" and x.dim() == 4:  # transposed in the narrowest dtype
-            x = x.contiguous(memory_format=torch.channels_last) if x.element_size() <= 2 else x.to(low)
-            return x.to(low).contiguous(memory_format=torch.channels_last)
+        if self.channels_last and device == "cpu" and x.dim() == 4:
+            if x.element_size() > low.itemsize:  # transposed in the narrower dtype (uint8 frames: as they are)
+                x = x.to(low)
+            return x.contiguous(memory_format=torch.channels_last).to(low)  # (.to keeps the layout)
         return x.to(low)
 
     def _first_weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -40,7 +40,6 @@ def stale_engine_files(min_age: float = 300.0) -> list[Path]:
     seconds (a game being created has made its files but not yet started its engine), of an instance id that no live
     process names on its command line (its engine) and no live process has mapped or open (its host). What runs whose
     every process was SIGKILLed at once leave behind: no host closed the games, no runner was left to remove them."""
-    import psutil  # (only when there are candidates: most start-ups see none)
     groups: dict[str, list[Path]] = {}
     now, uid = time.time(), os.getuid()
     try:
@@ -59,6 +58,7 @@ def stale_engine_files(min_age: float = 300.0) -> list[Path]:
             groups.setdefault(entry.name[len(prefix):], []).append(Path(entry.path))
     if not groups:
         return []
+    import psutil  # (only when there are candidates: most start-ups see none)
     for proc in psutil.process_iter(["cmdline"]):  # engines alive: their files are in use
         groups.pop(engine_instance_id(proc.info["cmdline"] or []), None)
         if not groups:
