@@ -207,3 +207,30 @@ def action_distribution(space, logits: torch.Tensor):
     if isinstance(space, spaces.Box):
         return DiagGaussian(logits)
     return CategoricalHeads(logits, action_heads(space))
+
+
+def uniform_valid_actions(u: np.ndarray, head_sizes: Sequence[int], mask: np.ndarray | None = None):
+    """The uniform policy over each head's valid actions, in numpy (--random_policy: no network, no torch).
+
+    u: [B, K] uniforms in [0, 1), one per head; mask: [B, L] (nonzero = valid) or None (all valid). Returns actions
+    [B, K] int64 (head k's action is the floor(u * n_valid)-th valid one: inverse CDF, as `CategoricalHeads.sample`),
+    log_probs [B] float32 (-sum of log n_valid) and logits [B, L] float32 (0, MASKED_LOGIT where masked: the stored
+    behaviour logits give the same distribution). A head with every action masked is uniform over all of them, as a
+    masked model's (`mask_logits`)."""
+    b = u.shape[0]
+    if mask is None:
+        mask = np.ones((b, sum(head_sizes)), dtype=bool)
+    actions = np.empty((b, len(head_sizes)), dtype=np.int64)
+    log_probs = np.zeros(b, dtype=np.float64)
+    logits = np.zeros(mask.shape, dtype=np.float32)
+    start = 0
+    for k, n in enumerate(head_sizes):
+        valid = mask[:, start:start + n] != 0  # [B, n]
+        valid[~valid.any(axis=1)] = True  # every action masked: uniform over all
+        count = valid.sum(axis=1)  # [B] >= 1
+        rank = np.minimum((u[:, k].astype(np.float64) * count).astype(np.int64), count - 1)  # [B]
+        actions[:, k] = np.argmax(np.cumsum(valid, axis=1) > rank[:, None], axis=1)  # the rank-th valid action
+        log_probs -= np.log(count)
+        logits[:, start:start + n][~valid] = MASKED_LOGIT
+        start += n
+    return actions, log_probs.astype(np.float32), logits

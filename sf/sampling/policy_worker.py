@@ -30,6 +30,7 @@ from queue import Empty
 import numpy as np
 import torch
 
+from sf.model.action_spaces import ACTION_MASK_KEY, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic, run_precision
 from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
 
@@ -89,6 +90,8 @@ class PolicyWorker:
             self.random_nvec = np.array([action_space.n], dtype=np.int64)
         elif isinstance(action_space, spaces.MultiDiscrete):
             self.random_nvec = np.asarray(action_space.nvec, dtype=np.int64).reshape(-1)
+        # with an "action_mask" observation the uniform policy is over each step's valid actions (written per step)
+        self.random_masked = self.random_nvec is not None and self.model.action_masked
         if self.random_nvec is not None:
             self.random_log_prob = -float(np.log(self.random_nvec.astype(np.float64)).sum())
             self.rng = np.random.default_rng(seed)
@@ -151,18 +154,25 @@ class PolicyWorker:
         slots, ts = rows[:, 0], rows[:, 1]  # [B]
         step = slots * self.T + ts  # flat index into [N * T] tensors
         if self.random_policy and self.random_nvec is not None:
-            self._random_actions(step)
+            self._random_actions(step, slots * (self.T + 1) + ts)
         else:
             self._infer(step, slots * (self.T + 1) + ts)  # observations: flat index into [N * (T+1)] tensors
         for worker, code in req.tolist():
             self.queues.workers[worker].put(code)
         return len(step)
 
-    def _random_actions(self, step: np.ndarray) -> None:
+    def _random_actions(self, step: np.ndarray, obs_i: np.ndarray) -> None:
         """Sampler benchmark on (Multi)Discrete actions (the paper's "infinitely fast action generation"): uniform
-        actions drawn in numpy, no network, no torch. step: [B] flat indices of (slot, t) into the [N * T] buffers."""
-        out = self.step_flat  # logits, log-probs, values and RNN states are constant: written in __init__
-        if self.sync:  # each env's own noise: uniforms in [0, 1) -> uniform actions
+        actions drawn in numpy, no network, no torch. step, obs_i: [B] flat indices of (slot, t) into the [N * T] and
+        [N * (T+1)] buffers. With an action mask the actions are uniform over the step's valid ones, and that step's
+        log-probs and logits are written with them."""
+        out = self.step_flat  # otherwise logits, log-probs, values and RNN states are constant: written in __init__
+        if self.random_masked:
+            u = out["action_noise"][step] if self.sync else self.rng.random((len(step), len(self.random_nvec)))
+            actions, out["log_probs"][step], out["action_logits"][step] = uniform_valid_actions(
+                u, self.random_nvec.tolist(), self.obs_flat[ACTION_MASK_KEY][obs_i])
+            out["actions"][step] = actions
+        elif self.sync:  # each env's own noise: uniforms in [0, 1) -> uniform actions
             u = out["action_noise"][step].astype(np.float64)
             out["actions"][step] = np.minimum((u * self.random_nvec).astype(np.int64), self.random_nvec - 1)
         else:

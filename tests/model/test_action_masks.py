@@ -3,7 +3,8 @@ sampling (Gumbel-max and the hts/ppo inverse-CDF noise), in the mode, the log-pr
 action gives log-prob 0 and entropy 0 without NaN; no gradient reaches a masked logit, through the distribution and
 through the model and the APPO step; and train.py on test_masked (an env that raises on a masked action) trains, in the
 asynchronous and the hts mode, and enjoy.py plays the result, deterministic and stochastic; an env whose mask cannot
-mask its actions is refused in one line."""
+mask its actions is refused in one line. --random_policy's uniform policy (numpy) draws among the valid actions only,
+each with probability 1 / (number valid), and the sampler benchmark runs on test_masked."""
 import math
 import os
 import subprocess
@@ -16,7 +17,7 @@ from gymnasium import spaces
 
 from e2e_helpers import ROOT
 from model_test_helpers import make_cfg
-from sf.model.action_spaces import MASKED_LOGIT, action_distribution, mask_logits
+from sf.model.action_spaces import MASKED_LOGIT, action_distribution, mask_logits, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic
 
 SPACES = [spaces.Discrete(6), spaces.MultiDiscrete([3, 5, 2])]
@@ -223,6 +224,47 @@ def test_appo_step_gives_masked_actions_no_gradient():
     assert (model.action_heads[0].weight.grad[0] == 0).all()
 
 
+@pytest.mark.parametrize("space", SPACES, ids=["discrete", "multidiscrete"])
+def test_uniform_valid_actions_is_the_uniform_policy_over_valid_actions(space):
+    """--random_policy with masks: frequencies against 1 / n_valid (the naive oracle: count the valid entries), the
+    log-probs and logits exactly those of that distribution, the edges of u, and an all-masked head uniform."""
+    g = torch.Generator().manual_seed(3)
+    sizes = heads(space)
+    n = 60_000
+    mask = random_masks(n, sizes, g).numpy()
+    mask[:50, :sizes[0]] = 0  # an all-masked head: uniform over all of its actions
+    u = np.random.default_rng(0).random((n, len(sizes)), dtype=np.float32)
+    u[50:53] = np.array([0.0, np.nextafter(np.float32(1), np.float32(0)), 0.5], dtype=np.float32)[:, None]
+    actions, log_probs, logits = uniform_valid_actions(u, sizes, mask)
+    start = 0
+    expected_log_p = np.zeros(n)
+    for k, size in enumerate(sizes):
+        m = mask[:, start:start + size].astype(bool)
+        m[~m.any(1)] = True
+        valid_count = m.sum(1)
+        a = actions[:, k]
+        assert m[np.arange(n), a].all()  # never a masked action
+        expected_log_p -= np.log(valid_count)
+        assert np.all(logits[:, start:start + size][m] == 0) and np.all(logits[:, start:start + size][~m] == MASKED_LOGIT)
+        for count in range(1, size + 1):  # rows with `count` valid actions: the rank of the chosen one is uniform
+            rows = np.nonzero(valid_count == count)[0]
+            if len(rows) < 3000:
+                continue
+            ranks = np.cumsum(m[rows], 1)[np.arange(len(rows)), a[rows]] - 1
+            freq = np.bincount(ranks, minlength=count) / len(rows)
+            assert np.abs(freq - 1 / count).max() < 5 * math.sqrt(1 / count / len(rows)), (k, count, freq)
+        start += size
+    np.testing.assert_allclose(log_probs, expected_log_p, rtol=1e-6)
+    # the distribution the stored logits describe gives the same log-probs to the actions drawn
+    dist = action_distribution(space, torch.from_numpy(logits))
+    np.testing.assert_allclose(dist.log_prob(torch.from_numpy(actions)).numpy(), log_probs, rtol=1e-5, atol=1e-6)
+    # u = 0 picks the first valid action, u just below 1 the last
+    for k, size in enumerate(sizes):
+        m = mask[50:52, sum(sizes[:k]):sum(sizes[:k]) + size].astype(bool)
+        m[~m.any(1)] = True
+        assert actions[50, k] == np.argmax(m[0]) and actions[51, k] == size - 1 - np.argmax(m[1][::-1])
+
+
 # --- end to end: test_masked raises on a masked action; --max_env_restarts 0 turns that into a failed run ---
 TINY = ["--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "8", "--recurrence", "8", "--batch_size", "64",
         "--rnn_size", "16", "--hidden_size", "16", "--encoder_mlp_layers", "16", "--device", "cpu",
@@ -249,6 +291,19 @@ def masked_run(tmp_path_factory, entry):
 @pytest.mark.e2e
 def test_trains_test_masked_without_a_masked_action(masked_run):
     assert list((masked_run / "masked" / "checkpoint_p0").glob("checkpoint_*.pth"))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["async", "hts"])
+def test_random_policy_sampler_on_test_masked(tmp_path, entry, mode):
+    """--random_policy on an env that raises on a masked action: the sampler benchmark (async, --sampler_only), and
+    the learner trained on the uniform policy's steps (hts: their stored log-probs are the masked ones, or V-trace's
+    ratios would be off by the masked share)."""
+    extra = ["--sampler_only", "True"] if mode == "async" else []
+    res = entry("train.py", "--env", "test_masked", "--experiment", "random", "--train_dir", tmp_path, *TINY,
+                "--random_policy", "True", "--sync_mode", mode, "--seed", "1", *extra, timeout=300)
+    assert_no_masked_action(res)
+    assert "Total num frames" in res.stdout
 
 
 @pytest.mark.e2e
