@@ -1,5 +1,6 @@
 """Opt-in timing of the learner's phases: with the environment variable SF_PROFILE=path (read once, at import), each
-learner process writes to `path` (a population's policy p > 0: `path.p<p>`), as JSON, the wall and CPU seconds it spent
+learner process writes to `path` (a population's policy p > 0: `path.p<p>`; under torchrun rank r > 0 adds `.rank<r>`:
+the ranks of one machine share its environment), as JSON, the wall and CPU seconds it spent
 in each phase of its work, after a training batch (at most every WRITE_EVERY_SEC) and at its exit.
 benchmarks/profile_training.py reads it. Without the variable every hook is a method that does nothing.
 
@@ -79,6 +80,8 @@ class PhaseTimer:
                 "phases": {k: {"wall": w, "cpu": c, "count": n, "thread": t}
                            for k, (w, c, n, t) in list(self.phases.items())}}
         path = self.path if policy_id == 0 else f"{self.path}.p{policy_id}"
+        rank = int(os.environ.get("RANK") or 0)  # (validated at the run's start: sf.distributed.world_from_env)
+        path = path if rank == 0 else f"{path}.rank{rank}"
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:  # replaced whole: a reader never sees half a file
             json.dump(data, f, indent=1)

@@ -58,6 +58,15 @@ def test_laps_tile_each_thread_and_split_the_process_cpu_between_threads(tmp_pat
     assert data["pid"] == os.getpid()
 
 
+def test_each_rank_and_policy_writes_its_own_file(tmp_path, monkeypatch):
+    """torchrun's ranks on one machine share SF_PROFILE: rank r > 0 writes path.rank<r> (policy p > 0: path.p<p>)."""
+    laps = PhaseTimer(str(tmp_path / "p.json"))
+    for rank, policy in (("", 0), ("0", 1), ("2", 0), ("3", 1)):
+        monkeypatch.setenv("RANK", rank)
+        laps.write(policy)
+    assert sorted(os.listdir(tmp_path)) == ["p.json", "p.json.p1", "p.json.p1.rank3", "p.json.rank2"]
+
+
 @pytest.mark.e2e  # (a fresh Python process: the variable is read at import)
 def test_without_the_variable_nothing_is_timed_or_written(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SF_PROFILE"}
