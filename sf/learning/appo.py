@@ -22,7 +22,8 @@ Minibatch order comes from a generator seeded from --seed (its state goes into c
 training batch is one rollout of every env, split into cfg.sync_minibatches() SGD steps of --batch_size samples.
 
 Input normalizers (vector obs, measurements) are updated once per `train` call, from steps 0..T-1 of the
-whole batch, before the first forward. With cfg.normalize_returns the returns normalizer is updated with
+whole batch (with experience["own"], populations and multi-agent envs: only the steps this policy acted), before the
+first forward. With cfg.normalize_returns the returns normalizer is updated with
 each minibatch's (valid) value targets, and the critic is trained on normalized targets.
 """
 from __future__ import annotations
@@ -379,8 +380,9 @@ class APPO:
         model.train()
         n_traj, t_len = experience["rewards"].shape
         num_mb = max(1, min(self.num_minibatches, n_traj))
-        if hasattr(model, "update_normalizers"):
-            model.update_normalizers({k: v[:, :t_len] for k, v in experience["obs"].items()})
+        if hasattr(model, "update_normalizers"):  # (with "own": the steps this policy acted; an inactive agent's zero
+            # observations, or another policy's, would pull its statistics)
+            model.update_normalizers({k: v[:, :t_len] for k, v in experience["obs"].items()}, experience.get("own"))
         schedule = self.lr_schedule
         if env_frames is not None:
             schedule.frames = float(env_frames)

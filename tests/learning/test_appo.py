@@ -314,6 +314,24 @@ def test_input_normalizer_updated_by_train():
     torch.testing.assert_close(norm.mean, exp["obs"]["obs"][:, :t].reshape(-1, 10).mean(0), rtol=1e-4, atol=1e-4)
 
 
+def test_input_normalizer_learns_only_the_steps_this_policy_acted():
+    """Populations and multi-agent envs (experience["own"]): the steps another policy acted, or none did (an inactive
+    agent's zero observations), stay out of the input statistics; here they are poisoned, and the normalizer holds the
+    own steps' mean and variance (the naive oracle: select them and take their moments)."""
+    cfg, model, exp = setup()
+    n, t = exp["rewards"].shape
+    own = torch.rand(n, t, generator=torch.Generator().manual_seed(5)) < 0.6
+    obs = exp["obs"]["obs"].clone()
+    obs[:, :t][~own] = float("nan")
+    obs[:, :t][~own.roll(1, 0) & ~own] = 0.0  # some of them zeros, as an inactive agent's
+    APPO(model, cfg, "cpu").train({**exp, "obs": {"obs": obs}, "own": own}, 0)
+    norm = model.encoder.obs_normalizer
+    selected = exp["obs"]["obs"][:, :t][own].double()
+    assert float(norm.count) == int(own.sum())
+    torch.testing.assert_close(norm.mean.double(), selected.mean(0), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(norm.var.double(), selected.var(0, unbiased=False), rtol=1e-5, atol=1e-6)
+
+
 def test_normalize_returns_trains_on_normalized_targets():
     cfg, model, exp = setup(normalize_returns=True, learning_rate=3e-3, num_epochs=30, with_vtrace=False,
                             ppo_clip_value=1000.0)

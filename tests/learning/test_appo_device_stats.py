@@ -20,8 +20,9 @@ DIGESTS = {
     "default": "07eeb25a11662fd4062a03d9120214370618ebedbe31da4bb5c66d34e9924469",
     "lag": "aecde752ce3f01c5bca45f837e08920cb366f275ef9c5b06fbe4f477b3bddf66",
     "stale": "1171b2dfd285b214726dec090b1a71bb0e7798ebf4f35bc225d60f79c6d7bd26",
-    "own": "ffb3847e37f8ceb017c596773062e74f8aaf1085f7c3b60032d4bdfa10f20025",
-    "own_none": "236a3f66a6e428fcb65a7ca7205bbe53b2400c1302aedf24e09af8bfea2999a3",
+    # own, own_none: taken again when the input normalizer stopped learning other policies' steps (2026-11-26)
+    "own": "4e2765e6f72af85200dfb4e444727bebdeb1a151860daec37ddfe5a0d895d890",
+    "own_none": "39cc92da9ff7eaf801e12c53bbbd9ada277d10e3dfd8d5d2d53012bf0fb7fe35",
     "truncated": "f56251aebb58f86d5cb259d68c8e611c6b62b0ada4c4d85963790e6c3cab4a98",
     "gae_truncated": "8a76a67426ed5212b040c56ac8100c11f23aa44723080d611068456c8cc37d49",
     "nonfinite": "71c1d4745de22a8f853aa74b7022ff1bc08b3189404fe9681137ed091d471657",
@@ -56,7 +57,7 @@ DATA_DEPENDENT = {"aten.nonzero.default", "aten.masked_select.default", "aten._l
                   "aten._unique2.default"}
 # host reads outside the SGD step code of sf/learning/appo.py, known and left (see docs/benchmarks.md)
 KNOWN = {"model/cores.py:sequence",  # the RNN's segments between episode ends (their positions)
-         "model/normalization.py:update",  # --normalize_returns: the valid targets selected by mask
+         "model/normalization.py:update",  # --normalize_returns' valid targets, populations' own steps: selected
          "learning/losses.py:symmetric_kl_loss",  # --exploration_loss symmetric_kl: a non-finite mean is dropped
          "learning/appo.py:_schedule_kl"}  # kl_adaptive_* schedules: the step's KL decides the next rate
 
