@@ -229,6 +229,12 @@ class VideoWriter:
             self.abort()
             raise
 
+    def set_fps(self, fps: float) -> None:
+        """The frame rate, before the first frame (the env's own, known once it is open)."""
+        if self.frames:
+            raise RuntimeError("VideoWriter.set_fps after the first frame")
+        self.fps, self.rate = fps, Fraction(fps).limit_denominator(1001)
+
     @property
     def size(self) -> tuple[int, int] | None:
         """(width, height) of the .mp4 (the rendered size rounded up to even numbers), once a frame is written."""
@@ -304,7 +310,7 @@ def run_enjoy(cfg) -> int:
     if video is not None:
         if video.frames:
             w, h = video.size
-            print(f"Video: {video.path} ({video.frames} frames, {w}x{h}, H.264, at {fps:.1f} fps)")
+            print(f"Video: {video.path} ({video.frames} frames, {w}x{h}, H.264, at {video.fps:.1f} fps)")
             if video.gif_path is not None:
                 print(f"GIF: {video.gif_path}")
         else:
@@ -336,6 +342,9 @@ def _play(cfg, spec, device, video):
     import torch
     check_policy_index(cfg)
     env = open_env(cfg, render_mode=_render_mode(cfg))
+    native_fps = (getattr(env, "metadata", None) or {}).get("render_fps")
+    if video is not None and not cfg.fps and spec.family not in NATIVE_FPS and native_fps:
+        video.set_fps(float(native_fps) / spec.frameskip)  # MuJoCo, gym, PettingZoo: the env's rate (Hopper 125/s)
     multi = bool(getattr(env, "is_multiagent", False))
     num_agents = env.num_agents if multi else 1
     players = [cfg.policy_index[a % len(cfg.policy_index)] for a in range(num_agents)]  # agent -> policy

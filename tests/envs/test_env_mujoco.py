@@ -163,8 +163,10 @@ def test_enjoy_writes_a_video_headless(trained, entry, monkeypatch):
     video = Path(train_dir) / "tiny" / "replay_tiny.mp4"
     assert f"Video: {video}" in res.stdout and video.stat().st_size > 0
     with av.open(str(video)) as c:
+        rate = c.streams.video[0].average_rate
         frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
     assert len(frames) == 15 and frames[0].shape == (480, 480, 3)
+    assert rate == 20 and "at 20.0 fps" in res.stdout  # HalfCheetah's own rate (metadata render_fps: 1 / dt)
     assert frames[0].std() > 10  # the scene, not a blank frame
 
 
