@@ -91,7 +91,7 @@ class PolicyWorker:
         elif isinstance(action_space, spaces.MultiDiscrete):
             self.random_nvec = np.asarray(action_space.nvec, dtype=np.int64).reshape(-1)
         # with an "action_mask" observation the uniform policy is over each step's valid actions (written per step)
-        self.random_masked = self.random_nvec is not None and self.model.action_masked
+        self.random_masked = self.random_nvec is not None and getattr(self.model, "action_masked", False)
         if self.random_nvec is not None:
             self.random_log_prob = -float(np.log(self.random_nvec.astype(np.float64)).sum())
             self.rng = np.random.default_rng(seed)
