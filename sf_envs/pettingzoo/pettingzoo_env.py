@@ -211,6 +211,8 @@ class PettingZooEnv(gym.Env):
         family, where = _resolve(name)
         self.name, self.render_mode = name, render_mode
         self.par, self.turn_based = _construct(family, where, name, env_kwargs(cfg), render_mode)
+        fps = (getattr(self.par, "metadata", None) or {}).get("render_fps")  # the game's own (pistonball 20, MPE 10)
+        self.metadata = dict(self.metadata, render_fps=fps or self.metadata["render_fps"])
         self.agent_ids = list(self.par.possible_agents)
         self.num_agents = len(self.agent_ids)
         # one agent (simple_v3): the single-agent contract (no lists; the caller resets after the episode's end)

@@ -44,6 +44,7 @@ def test_names_map_to_the_pettingzoo_modules_and_agents_to_the_contract():
     assert env_spec(cfg.env, cfg).num_agents == 2  # the constructor's kwargs decide the agents
     env = make_env(cfg)
     assert env.agent_ids == ["agent_0", "agent_1"] and env.num_agents == 2 and env.is_multiagent
+    assert env.metadata["render_fps"] == 10  # the game's own (enjoy --save_video's rate), MPE's
     assert set(env.observation_space.spaces) == {"obs"} and env.observation_space["obs"].shape == (12,)
     obs, infos = env.reset()
     assert len(obs) == 2 and all(o["obs"].dtype == np.float32 for o in obs) and all(i["is_active"] for i in infos)
