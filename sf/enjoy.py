@@ -342,9 +342,10 @@ def _play(cfg, spec, device, video):
     import torch
     check_policy_index(cfg)
     env = open_env(cfg, render_mode=_render_mode(cfg))
-    native_fps = (getattr(env, "metadata", None) or {}).get("render_fps")
-    if video is not None and not cfg.fps and spec.family not in NATIVE_FPS and native_fps:
-        video.set_fps(float(native_fps) / spec.frameskip)  # MuJoCo, gym, PettingZoo: the env's rate (Hopper 125/s)
+    if video is not None and not cfg.fps and spec.family not in NATIVE_FPS:  # MuJoCo, gym, PettingZoo: the env's rate
+        native_fps = (getattr(env, "metadata", None) or {}).get("render_fps")  # (Hopper 125/s, HalfCheetah 20)
+        if native_fps:
+            video.set_fps(float(native_fps) / spec.frameskip)
     multi = bool(getattr(env, "is_multiagent", False))
     num_agents = env.num_agents if multi else 1
     players = [cfg.policy_index[a % len(cfg.policy_index)] for a in range(num_agents)]  # agent -> policy

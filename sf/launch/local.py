@@ -79,7 +79,7 @@ class LocalLauncher:
     def __init__(self, sweep: Sweep, max_parallel: int, out=None):
         self.sweep, self.max_parallel, self.out = sweep, max_parallel, out
         self.procs: dict[str, tuple[subprocess.Popen, Run, int]] = {}  # name -> (process, run, slot)
-        self.signals, self.stop_requests = 0, StopRequests()
+        self.stop_requests = StopRequests()  # SIGINT/SIGTERM requests counted (signals)
         self.failed: list[str] = []
         self.interrupted: list[str] = []
         self.finished: list[str] = []
@@ -114,10 +114,14 @@ class LocalLauncher:
         return 0
 
     # --- run ---
+    @property
+    def signals(self) -> int:
+        """Stop requests received so far (a signal repeated at once counts once: StopRequests)."""
+        return self.stop_requests.count
+
     def _on_signal(self, signum, frame) -> None:
         if not self.stop_requests.receive(signum):  # the same request again (timeout: to the process and its group)
             return
-        self.signals = self.stop_requests.count
         if self.signals == 1:
             self.say(f"{signal.Signals(signum).name}: stopping {len(self.procs)} run(s) (final checkpoints); "
                      "again to stop at once, a third time to kill")

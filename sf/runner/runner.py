@@ -173,7 +173,7 @@ class Runner:
         self.procs: dict[str, torch.multiprocessing.Process] = {}
         self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
         self.exit_code = 0
-        self.interrupts, self.stop_requests = 0, StopRequests()
+        self.stop_requests = StopRequests()  # SIGINT/SIGTERM requests counted (interrupts)
         self.reported: set[str] = set()  # processes whose death was already reported (one line each)
         self.causes: dict[str, str] = {}  # process -> how it failed (its exception, a stall), for its restart line
         self.reports = ReportReader(cfg, self.queues.report, self.stats, self.state, self.stack_files, self._crashed)
@@ -462,10 +462,14 @@ class Runner:
                      collected, (collected - before) / max(now - then, 1e-9), self.trained_frames())
             self.world_report = (now, collected)
 
+    @property
+    def interrupts(self) -> int:
+        """Stop requests received so far (a signal repeated at once counts once: StopRequests)."""
+        return self.stop_requests.count
+
     def _on_signal(self, signum, frame) -> None:
         if not self.stop_requests.receive(signum):  # the same request again (timeout: to the process and its group)
             return
-        self.interrupts = self.stop_requests.count
         if self.interrupts > 1:  # second Ctrl-C: exit at once
             for p in self.procs.values():
                 if p.is_alive():
