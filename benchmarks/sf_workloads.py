@@ -143,7 +143,13 @@ def remove_shm_of(processes: dict[int, list[str]]) -> None:
     file_system strategy (/dev/shm/torch_<pid>_*, freed by torch_shm_manager, which its session's SIGKILL kills too)
     and VizDoom engines' files (their hosts never closed the games)."""
     from sf_envs.doom.engine_shm import engine_shm_files
-    psutil.wait_procs([psutil.Process(pid) for pid in processes if psutil.pid_exists(pid)], timeout=10)
+    alive = []
+    for pid in processes:
+        try:
+            alive.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:  # (gone already; checking pid_exists first would race with its exit)
+            pass
+    psutil.wait_procs(alive, timeout=10)
     files = [f for cmdline in processes.values() for f in engine_shm_files(cmdline)]
     files += [f for pid in processes for f in Path("/dev/shm").glob(f"torch_{pid}_*")]
     for f in files:
