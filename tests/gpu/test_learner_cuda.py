@@ -74,6 +74,19 @@ def test_cuda_training_matches_the_cpu(case):
         torch.testing.assert_close(p, ref_params[name], rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", ["own", "own_none"])
+def test_input_normalizer_of_own_steps_on_cuda(case):
+    """A population's batch on the device: the input normalizer learns the steps this policy acted (selected by the
+    own mask on the GPU), the CPU's statistics within rounding."""
+    _, ref_model, _ = run_case(case, "cpu")
+    _, model, _ = run_case(case, "cuda")
+    ref_buffers = dict(ref_model.named_buffers())
+    normalizer = {name: b for name, b in model.cpu().named_buffers() if "obs_normalizer" in name}
+    assert normalizer and float(normalizer[next(n for n in normalizer if n.endswith("count"))]) > 0
+    for name, b in normalizer.items():
+        torch.testing.assert_close(b, ref_buffers[name], rtol=1e-5, atol=1e-6)
+
+
 def _filled_buffers(num_slots=6, rollout=4):
     buffers = TrajectoryBuffers(num_slots, rollout, VECTOR_OBS, spaces.Discrete(3), 8)
     g = torch.Generator().manual_seed(0)
