@@ -495,8 +495,10 @@ def measure(cfg, seconds: float, tune_batch_size: bool = False, log=print) -> Me
     from sf.cfg import resolve_device
     from sf_envs.registry import check_env_available
     t_start = time.perf_counter()
+    from sf.processes.control import bind_device
     prev_threads = torch.get_num_threads()
     device = resolve_device(cfg)
+    bind_device(device)
     C = usable_cores()
     preset_e = cfg.num_envs_per_worker
     most = 16 if seconds >= 60 else 8  # making engines takes time (VizDoom: about a second each on a busy machine)
@@ -641,8 +643,10 @@ def _describe(values: dict) -> str:
 
 
 def _measure_and_save(cfg, seconds: float) -> None:
-    """Quick measurement for train.py --num_workers auto (in a child process: the runner forks its workers later, and
-    a parent that ran torch's OpenMP threads must not fork)."""
+    """Quick measurement for train.py --num_workers auto, in a child process of the runner started with spawn (a fresh
+    interpreter): the runner forks its workers' fork server later, and a parent that ran torch's OpenMP threads must
+    not fork; and a child forked from a process that had initialized CUDA (the runner's device check may) cannot use
+    CUDA at all."""
     m = measure(cfg, seconds, log=lambda s: None)
     preset = preset_layout(cfg)
     chosen, pred, _ = choose(m, preset)
@@ -671,7 +675,7 @@ def resolve_auto(cfg, explicit=frozenset()) -> tuple[str, dict, str]:
               f"measuring one now (about {QUICK_SECONDS:.0f} s; python -m sf.autolayout --env {cfg.env} measures "
               "longer and checks it with a training run)", file=sys.stderr, flush=True)
         t0 = time.time()
-        ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        ctx = mp.get_context("spawn")  # (see _measure_and_save)
         receive, send = ctx.Pipe(duplex=False)
         child = ctx.Process(target=_measure_child, args=(cfg, QUICK_SECONDS, send))
         child.start()

@@ -32,6 +32,10 @@ def _auto_layout(cfg, explicit):
 
 def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
     """Parse argv (default: the command line), train; returns the exit code (bad input: one line, exit code 2)."""
+    # torch.cuda.is_available() (--device auto/cuda) then asks NVML instead of initializing CUDA in the runner: a
+    # process that initialized CUDA cannot hand CUDA to a child it forks (sf.autolayout's measuring child is spawned
+    # anyway; the workers come from the fork server)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     return cli_main(run, mode="train", prog=prog or _prog(), argv=None if argv is None else list(argv),
                     auto_layout=_auto_layout)
 

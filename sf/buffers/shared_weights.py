@@ -64,11 +64,8 @@ class SharedWeights:
         if int(self._counters_np[0]) % 2:  # a writer died half-way (self-healing: we are its replacement)
             self.counters[0] += 1
         self.counters[0] += 1  # odd: writing
-        with torch.no_grad():
-            for k, v in model.state_dict().items():
-                self.tensors[k].copy_(v, non_blocking=True)
-        if any(t.is_cuda for t in self.tensors.values()):
-            torch.cuda.synchronize()  # the copies must land before readers see the new version
+        # the copies must land before readers see the new version
+        _copy_and_wait((self.tensors[k], v) for k, v in model.state_dict().items())
         self.counters[1] = version
         self.counters[0] += 1
 
@@ -98,18 +95,47 @@ class SharedWeights:
 
     def _copy_from_shared(self, model: torch.nn.Module) -> None:
         """Copy the shared tensors into `model`; returns once every copy has completed (see the module docstring)."""
-        with torch.no_grad():
-            waits = {_issue_copy(v, self.tensors[k]) for k, v in model.state_dict().items()}
-        for wait in waits:
-            wait()
+        _copy_and_wait((v, self.tensors[k]) for k, v in model.state_dict().items())
+
+
+def _copy_and_wait(pairs) -> None:
+    """Copy each (dst, src) of `pairs`; return once every copy has landed (see _issue_copy)."""
+    with torch.no_grad():
+        waits = [_issue_copy(dst, src) for dst, src in pairs]
+    for wait in dict.fromkeys(waits):  # (one wait per CUDA stream: its waits are equal)
+        wait()
 
 
 def _issue_copy(dst: torch.Tensor, src: torch.Tensor):
-    """Start copying src into dst; returns a function that waits until the copy has landed (CUDA copies run
-    asynchronously to the host; CPU copies are done on return)."""
+    """Start copying src into dst; returns a function that waits until the copy has landed. CPU copies are done on
+    return; a CUDA copy is queued on the current stream of the GPU it runs on (dst's, or src's for a copy to the host)
+    and runs asynchronously to the host: its wait is for that stream alone, up to the moment of the wait (an event
+    recorded then: every copy queued there before). Not for the whole device (the learner's next batch, copied to the
+    device on a side stream meanwhile, or other processes' work), and on the tensors' GPU whatever this thread's
+    current device is."""
     dst.copy_(src, non_blocking=True)
-    return torch.cuda.synchronize if dst.is_cuda or src.is_cuda else _done
+    if not (dst.is_cuda or src.is_cuda):
+        return _done
+    return _StreamWait(torch.cuda.current_stream(dst.device if dst.is_cuda else src.device))
 
 
 def _done() -> None:
     pass
+
+
+class _StreamWait:
+    """Called: waits for the work `stream` holds at that moment. Equal for one stream (one wait covers its copies)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _StreamWait) and self.stream == other.stream
+
+    def __hash__(self) -> int:
+        return hash(self.stream)
+
+    def __call__(self) -> None:
+        landed = torch.cuda.Event()
+        landed.record(self.stream)
+        landed.synchronize()

@@ -88,8 +88,12 @@ class APPO:
         sync = getattr(cfg, "sync_mode", "async") != "async"
         self.num_minibatches = sync_minibatches(cfg) if sync else int(cfg.num_batches_per_epoch)
         self.max_policy_lag = float("inf") if sync else cfg.max_policy_lag
-        self.generator = torch.Generator(device=self.device)
+        # the minibatch order's generator lives on the host whatever the device: its state (a CPU generator's 5,056
+        # bytes) goes into checkpoints, and a run resumes on either device (a CUDA generator's 16-byte state fits only
+        # a CUDA one); the permutations it draws are the same on every device
+        self.generator = torch.Generator()
         self.generator.manual_seed(stream_seed(run_seed(cfg), MINIBATCH, policy_id))
+        self._placed_for: Optional[bool] = None  # fused or not: how the optimizer state was placed (None: not yet)
 
     def set_hyperparams(self, **values: float) -> None:
         """Hyperparameters in force from the next SGD step on: any of OPTIMIZER_HYPERPARAMS (population-based training's
@@ -286,16 +290,41 @@ class APPO:
 
     def _set_fused(self, fused: bool) -> None:
         """Adam's fused implementation (sync-free steps: it takes found_inf) or torch's default (whose bits the host
-        path keeps), set before each step: a loaded optimizer state brings the saving run's setting with it. The fused
-        one keeps each step count as a float32 tensor beside its parameter."""
+        path keeps), set before each step: a loaded optimizer state brings the saving run's setting with it, and the
+        step counts where the saving run kept them (a checkpoint is loaded onto this run's device, and may come from
+        the other one). The fused implementation keeps each step count as a float32 tensor beside its parameter, the
+        default one on the host (on a device, every step would read each count back)."""
+        if self._placed_for == bool(fused):
+            return
+        self._placed_for = bool(fused)
         want = True if fused else None
         for group in self.optimizer.param_groups:
-            if "fused" in group and group["fused"] != want:
+            if "fused" in group:
                 group["fused"] = want
-                for p in group["params"] if fused else ():
-                    state = self.optimizer.state.get(p)
-                    if state and torch.is_tensor(state.get("step")):
-                        state["step"] = state["step"].to(p.device, torch.float32)
+            for p in group["params"]:
+                state = self.optimizer.state.get(p)
+                if state and torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].to(p.device if fused else "cpu", torch.float32)
+
+    def _permutation(self, n: int, device: torch.device) -> torch.Tensor:
+        """[n] int64 on `device`: a random order of the batch's trajectories, drawn on the host (see __init__); on CUDA
+        copied from pinned memory, so that the copy is queued without waiting for the device."""
+        perm = torch.randperm(n, generator=self.generator)
+        if device.type == "cuda":
+            perm = perm.pin_memory().to(device, non_blocking=True)
+        return perm
+
+    def load_minibatch_rng(self, saved: torch.Tensor) -> bool:
+        """Restore the minibatch order's generator from a checkpoint's state (uint8 [5056]). Returns False, having
+        seeded it from that state instead, for the 16-byte state of a CUDA generator (seed and offset: what checkpoints
+        of CUDA runs held before the generator moved to the host), which a host generator cannot take: the order then
+        differs from the one the saving run would have drawn, deterministically."""
+        saved = saved.detach().cpu().to(torch.uint8)
+        if saved.numel() == self.generator.get_state().numel():
+            self.generator.set_state(saved)
+            return True
+        self.generator.manual_seed(int.from_bytes(bytes(saved.tolist()), "little") % 2**63)
+        return False
 
     @torch.no_grad()
     def _loss_stats(self, terms: dict, kl: torch.Tensor, valid: torch.Tensor, grad_norm: torch.Tensor,
@@ -364,6 +393,7 @@ class APPO:
         checkpoints are Adam's)."""
         self.lr_schedule.load_state_dict(state.get("lr_schedule"))
         self._apply_lr()
+        self._placed_for = None  # the optimizer state about to be loaded is placed for this run's Adam at the next step
         return state.get("optimizer_kind", "adam") == self.optimizer_kind
 
     # --- one training batch ---
@@ -396,8 +426,7 @@ class APPO:
                 minibatches = [experience]
             else:
                 device = experience["rewards"].device
-                perm = (torch.randperm(n_traj, device=device, generator=self.generator) if cfg.shuffle_minibatches
-                        else torch.arange(n_traj, device=device))
+                perm = self._permutation(n_traj, device) if cfg.shuffle_minibatches else torch.arange(n_traj, device=device)
                 minibatches = (_index(experience, idx) for idx in torch.tensor_split(perm, num_mb))  # lazy: one copy at a time
             epoch_kls = []
             for mb in minibatches:

@@ -63,7 +63,7 @@ from sf.learning.checkpoint import (check_compatible, load_into, make_checkpoint
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks/profile_training.py)
 from sf.model.actor_critic import create_actor_critic, run_precision
-from sf.processes.control import usable_cores
+from sf.processes.control import device_thread, usable_cores
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, SLOT_FREE,
                                       VERSION, learner_name, slot_held)
@@ -178,8 +178,9 @@ class Learner:
         # says which; a population's PBT values follow from SharedState before the first batch)
         self.appo.set_hyperparams(**cfg_hyperparams(self.cfg))
         restore_rng_states(state)
-        if torch.is_tensor(state.get("minibatch_rng")):
-            self.appo.generator.set_state(state["minibatch_rng"].cpu().to(torch.uint8))
+        if torch.is_tensor(state.get("minibatch_rng")) and not self.appo.load_minibatch_rng(state["minibatch_rng"]):
+            log.info("%s: the minibatch order's generator state is a CUDA generator's; the order goes on from a seed "
+                     "taken from it", state.get("path", "latest checkpoint"))
         self.version, self.env_steps = int(state["policy_version"]), int(state["env_steps"])
         log.info("Resumed %sfrom checkpoint: policy version %d, %d env frames",
                  f"policy {self.policy_id} " if self.population else "", self.version, self.env_steps)
@@ -467,7 +468,7 @@ class Learner:
                     except queue.Full:
                         pass
 
-        thread = threading.Thread(target=batcher, name="batcher", daemon=True)
+        thread = device_thread(batcher, self.device, "batcher")  # (its gathers copy to the device on a side stream)
         thread.start()
         self.state.set_started(self.heartbeat)
         from sf.processes.control import runner_alive
@@ -540,7 +541,8 @@ def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, s
                 frameskip, num_agents=1, policy_id=0, all_weights=None, replacement=False) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
     share them). Its data-parallel rank comes from torchrun's environment (inherited through the fork server)."""
-    from sf.processes.control import limit_threads
+    from sf.processes.control import bind_device, limit_threads
+    bind_device(device)
     limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
                       frameskip, num_agents, policy_id, all_weights, replacement, distributed.world_from_env())

@@ -177,6 +177,34 @@ def limit_threads(num_threads: int) -> None:
         pass
 
 
+def bind_device(device) -> None:
+    """Make `device` this thread's current CUDA device (nothing for the CPU). Every process and thread that does CUDA
+    work calls it first: a new process or thread starts on GPU 0, and any CUDA call that names no device (a stream, an
+    event, pinned host memory, a synchronisation) would create a context on GPU 0 and act there, while a rank >= 1 or
+    `cuda:1` trains on another GPU.
+
+    A process forked from one that had initialized CUDA cannot use CUDA at all: said here in one line, before the
+    first CUDA call fails with "Cannot re-initialize CUDA in forked subprocess"."""
+    import torch
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    if torch.cuda._is_in_bad_fork():  # (torch's own flag, set in a forked child whose parent initialized CUDA)
+        raise RuntimeError(f"process {os.getpid()} was forked from a process that had initialized CUDA and cannot use "
+                           f"{device}: CUDA processes must be started by the fork server or with spawn")
+    torch.cuda.set_device(device.index or 0)  # ("cuda" names the current device: a new process's or thread's is 0)
+
+
+def device_thread(target: Callable[[], None], device, name: str) -> "threading.Thread":
+    """A daemon thread running `target` with `device` bound first (bind_device: CUDA's current device is per thread)."""
+    import threading
+
+    def run() -> None:
+        bind_device(device)
+        target()
+    return threading.Thread(target=run, name=name, daemon=True)
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity: taskset, a Slurm allocation, a container's cpuset), which
     is what a run's workers share; os.cpu_count() where the platform has no affinity."""

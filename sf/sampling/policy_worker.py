@@ -241,8 +241,9 @@ def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slo
     +5), below the learner's: the learner is the costliest stage on a CPU and every frame waits for it, while a policy
     worker at the same priority as the learner takes its time slices (measured on 2 cores, doom_battle 2 workers x 8
     envs: 1.07x the frames/s at nice +5). On a GPU its forwards are the device's work: normal priority."""
-    from sf.processes.control import limit_threads, runner_alive, set_affinity
+    from sf.processes.control import bind_device, limit_threads, runner_alive, set_affinity
     from sf.processes.shared_state import policy_worker_name
+    bind_device(device)
     if torch.device(device).type == "cpu":
         set_affinity(None, nice=5)
     limit_threads(cfg.policy_worker_torch_threads)
