@@ -16,7 +16,9 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
+import torch
 
 from sf import distributed
 from sf.buffers.trajectory_buffers import shm_available_bytes, shm_used_bytes
@@ -176,23 +178,51 @@ LEARNER_WORKSPACE_BYTES, LEARNER_WORKSPACE_BATCH = 2**30, 2048
 # Copies of the model's parameters the learner holds: the model, its gradients, Adam's two moments, the shared copy
 # the policy workers read (each policy worker holds one more).
 LEARNER_MODEL_COPIES = 5
+# A process that uses CUDA (a learner, a policy worker) costs the host its CUDA context instead: the driver's state, the
+# kernels it loads, the cuBLAS/cuDNN handles. Not measured here (no GPU on the dev VM); reported: +116 MB of peak RSS
+# for a first CUDA tensor (pytorch#113326, cu118), ~310 MB per process (pytorch#2045), +1.2 GB at a first CUDA use
+# (pytorch#106511). Their low end: RSS also counts library pages that the processes share.
+CUDA_PROCESS_HOST_BYTES = 256 * 2**20
+# Device memory of one CUDA context, a lower bound: 274 MiB measured with lazy kernel loading (pytorch#86509, torch's
+# default since 1.13; 636 MiB loading eagerly), ~300-400 MiB quoted by torch's maintainers (pytorch#107667,
+# pytorch#109888), ~534 MiB per context on an H100 (meta-pytorch/torchcomms#777). Below the lowest, so that a
+# refusal is never wrong: a context grows as the process loads kernels.
+CUDA_CONTEXT_DEVICE_BYTES = 256 * 2**20
 
 
-def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int) -> None:
+def device_memory(device: str) -> tuple[int, int]:
+    """(free, total) bytes of the GPU `device`. Creates this process's CUDA context (the runner needs one anyway, for
+    the shared weights; nothing forks from it), so that free no longer counts it."""
+    return torch.cuda.mem_get_info(torch.device(device))
+
+
+def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int, device: str = "cpu", batch_trajs: int = 0,
+                 obs_space=None, rnn_state_size: int = 0) -> None:
     """Refuse, in one line with the estimate, a run that cannot fit in this machine's memory, before anything of it is
-    allocated or started. env_bytes: what one env was measured to take (probe_env)."""
+    allocated or started. env_bytes: what one env was measured to take (probe_env). On a CUDA `device` also the GPU's:
+    a learner's batch of `batch_trajs` trajectories of `obs_space` observations and RNN states of `rnn_state_size`
+    floats lies there, with the model copies and one CUDA context per learner and policy worker."""
     num_envs = cfg.num_workers * cfg.num_envs_per_worker
     policies = cfg.num_policies
+    cuda = torch.device(device).type == "cuda"
+    if cuda:  # first: the runner's own context is then used memory, on the host and on the device
+        free, total = device_memory(device)
+    # each learner and policy worker creates a CUDA context (--serial_mode: one policy worker per policy, all of them
+    # in the runner's process)
+    policy_workers = policies if cfg.serial_mode else policies * cfg.policy_workers_per_policy
+    cuda_processes = policies + policy_workers if cuda and not cfg.serial_mode else 0
     processes = cfg.num_workers + policies * (cfg.policy_workers_per_policy + 1)
     parts = {
         "trajectory buffers": buffer_bytes,
         f"{num_envs} envs": num_envs * env_bytes,
-        f"{processes} processes": processes * WORKER_PROCESS_BYTES
+        f"{processes} processes" + (f" ({cuda_processes} with CUDA)" if cuda_processes else ""):
+        (processes - cuda_processes) * WORKER_PROCESS_BYTES + cuda_processes * CUDA_PROCESS_HOST_BYTES
         + policies * LEARNER_WORKSPACE_BYTES * cfg.batch_size // LEARNER_WORKSPACE_BATCH,
-        "model copies": model_bytes * policies * (LEARNER_MODEL_COPIES + cfg.policy_workers_per_policy),
     }
+    if not cuda:  # (on CUDA they lie on the device)
+        parts["model copies"] = model_bytes * policies * (LEARNER_MODEL_COPIES + cfg.policy_workers_per_policy)
     need, have = sum(parts.values()), psutil.virtual_memory().available
-    shm_need, shm_have = buffer_bytes + model_bytes * policies, shm_available_bytes()
+    shm_need, shm_have = buffer_bytes + (0 if cuda else model_bytes * policies), shm_available_bytes()
     gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
     detail = ", ".join(f"{k} {gib(v)}" for k, v in parts.items())
     if need > 0.9 * have:
@@ -201,6 +231,24 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int) -> No
     if shm_need > 0.9 * shm_have:
         raise ConfigError(f"not enough shared memory: trajectory buffers and weights need {gib(shm_need)}, /dev/shm has "
                           f"{gib(shm_have)} free; lower --num_envs_per_worker/--batch_size or enlarge /dev/shm")
+    if not cuda:
+        return
+    # the batch's observations and RNN states ([T+1] and the final one); its other per-step entries are left out
+    obs_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
+    batch = batch_trajs * (cfg.rollout + 2) * (obs_step + 4 * rnn_state_size)
+    gpu = {
+        f"{cuda_processes} CUDA processes x context": cuda_processes * CUDA_CONTEXT_DEVICE_BYTES,
+        # the model, its gradients, Adam's two moments and one training batch (a second one while the next is
+        # gathered only when training is the slower of the two)
+        f"{policies} learners": policies * (4 * model_bytes + batch),
+        "shared weights and policy workers' models": model_bytes * (policies + policy_workers),
+    }
+    gpu_need, index = sum(gpu.values()), torch.device(device).index or 0
+    if gpu_need > free:
+        detail = ", ".join(f"{k} {gib(v)}" for k, v in gpu.items())
+        raise ConfigError(f"--device {cfg.device}: this layout needs at least {gib(gpu_need)} of GPU memory ({detail}) "
+                          f"but GPU {index} has {gib(free)} free (of {gib(total)}); lower --num_policies, "
+                          "--policy_workers_per_policy or --batch_size")
 
 
 def check_checkpoint(cfg, exp_dir: Path, meta: dict, world: distributed.World) -> list[tuple[int, int]]:

@@ -37,7 +37,7 @@ from sf.learning.appo import exploration_loss_problem
 from sf.learning.learner import checkpoint_meta, run_learner
 from sf.model.action_spaces import check_action_mask
 from sf.model.actor_critic import create_actor_critic
-from sf.processes.control import StopRequests, add_leftover_hook, become_subreaper, kill_tree
+from sf.processes.control import StopRequests, add_leftover_hook, become_subreaper, bind_device, kill_tree
 from sf.processes.fds import MAX_FDS_SENT, fds_sent
 from sf.processes.shared_state import FINISHED, VERSION, SharedState, learner_name, policy_worker_name
 from sf.runner import tracking
@@ -133,7 +133,10 @@ class Runner:
         self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, cfg.rollout, self.obs_space, self.action_space,
                                                            self.rnn_state_size)
         model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-        check_memory(cfg, self.buffer_bytes, model_bytes, env_bytes)
+        # the runner's CUDA work (the GPU's memory below, the shared weights) on the run's GPU (a rank >= 1: not GPU 0)
+        bind_device(self.device)
+        check_memory(cfg, self.buffer_bytes, model_bytes, env_bytes, self.device, self.trajs_per_batch, self.obs_space,
+                     self.rnn_state_size)
         # each policy's checkpoint: (version, frames)
         self.resumed: list[tuple[int, int]] = check_checkpoint(cfg, self.exp_dir, self.meta, self.world)
         self.lock = None  # the experiment's lock (rank 0; run_training takes it): its learners hold it too
