@@ -1,7 +1,8 @@
 """enjoy.py's body: run a trained policy, show it or record it, report episode rewards.
 
-Loads the experiment's saved configuration (command-line flags override it) and its latest or best
-checkpoint; carries the recurrent state across steps and resets it between episodes.
+Loads the experiment's saved configuration (command-line flags override it; the device is this machine's: --device,
+else auto) and its latest or best checkpoint onto that device; carries the recurrent state across steps and resets it
+between episodes.
 
 A population (--num_policies N in the saved configuration) plays a match between the policies of --policy_index: agent a
 of a multi-agent env (doom_duel, test_race) is played by the a-th of them (cycling through the list), a single-agent env
@@ -358,7 +359,7 @@ def _play(cfg, spec, device, video):
             models[p], state = load_policy(cfg, env.observation_space, env.action_space, device, p)
             who = f"policy {p}: " if cfg.num_policies > 1 else ""
             print(f"Loaded {cfg.load_checkpoint_kind} checkpoint: {who}policy version {state['policy_version']}, "
-                  f"{state['env_steps']} env frames")
+                  f"{state['env_steps']} env frames, on {device}")
         rnn = [torch.zeros((1, models[p].rnn_state_size), device=device) for p in players]
         obs, _ = env.reset(seed=cfg.seed)
         obs = obs if multi else [obs]

@@ -9,7 +9,7 @@ The episodes run on the processes of training's sampler (rollout workers and pol
 stopped by the runner's lifecycle: a first Ctrl-C stops every process and writes nothing, a second one kills them at
 once) without its learners: each policy's weights come from its checkpoint (enjoy.py's load_policy) and are published
 once into the shared weights. The layout defaults to the experiment's (config.json); the model, env and its
-parameters are the experiment's.
+parameters are the experiment's; the device is this machine's (--device, else auto).
 
 Policies. Every policy of a population plays (agent i of the run, counted over rollout workers, envs and agents, is
 played by policy i % num_policies: --policy_mapping fixed, so a multi-agent env such as test_race or doom_duel plays a
@@ -77,7 +77,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--csv", help="the CSV to write (default: EXP/eval_<checkpoint>_seed<S>_<N>ep...csv)")
     parser.add_argument("--policy", help=POLICY.help)
     parser.add_argument("--load_checkpoint_kind", default="latest", help="checkpoint to load: latest or best")
-    parser.add_argument("--device", help="auto, cpu or cuda (default: the experiment's)")
+    parser.add_argument("--device", help="the policy workers' device: auto, cpu or cuda (default: auto, CUDA when "
+                                         "this machine has it, else CPU; not the experiment's)")
     return parser
 
 
@@ -161,7 +162,7 @@ def _evaluator_class():
     from sf.buffers.trajectory_buffers import TrajectoryBuffers
     from sf.cfg import resolve_device
     from sf.enjoy import load_policy
-    from sf.processes.control import add_leftover_hook, become_subreaper
+    from sf.processes.control import add_leftover_hook, become_subreaper, bind_device
     from sf.processes.shared_state import SharedState
     from sf.runner.population import fill_shared, initial_hyperparams
     from sf.runner.preflight import check_memory, probe_env
@@ -205,6 +206,7 @@ def _evaluator_class():
             self.buffers = TrajectoryBuffers(self.num_slots, cfg.rollout, self.obs_space, self.action_space,
                                              self.rnn_state_size)
             self.weights = [None] * P
+            bind_device(self.device)  # (the shared weights on the evaluation's GPU)
             for p, (model, state) in self.models.items():
                 self.weights[p] = SharedWeights(model, self.device)
                 self.weights[p].publish(model, max(0, int(state["policy_version"])))
@@ -322,7 +324,8 @@ def run_eval(args: argparse.Namespace, prog: str) -> int:
     print(f"Evaluating {evaluator.exp_dir} ({cfg.load_checkpoint_kind} checkpoint): {plan.total // len(evaluator.policies)}"
           f" episodes of each of policies {', '.join(map(str, evaluator.policies))} on {cfg.num_workers} rollout "
           f"workers x {cfg.num_envs_per_worker} envs, seed {cfg.seed}, "
-          f"{'the most likely actions' if cfg.eval_deterministic else 'sampled actions'}", flush=True)
+          f"{'the most likely actions' if cfg.eval_deterministic else 'sampled actions'}, policy workers on "
+          f"{evaluator.device}", flush=True)
     code = evaluator.run()
     if code != 0:
         what = "interrupted" if code == 130 else "failed (see the lines above)"

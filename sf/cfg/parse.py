@@ -4,6 +4,10 @@ one-line errors (`cli_main`, `run_guarded`).
 
     table defaults  <  configs/<family>.json "defaults"  <  its "envs"[<env>]  <  saved config.json
     (resume / enjoy)  <  flags given on the command line
+
+The tools that only act on a saved experiment (enjoy mode: enjoy.py, sf.eval, sf.export, sf.card) skip its
+MACHINE_KEYS: their device is this machine's (the flag given, else auto), so a run trained on CUDA plays where there
+is none. A resumed training run keeps its saved device.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent  # sf/cfg/parse.py -> 
 CONFIGS_DIR = next((d for d in (REPO_ROOT / "sf_configs", REPO_ROOT / "configs") if d.is_dir()), REPO_ROOT / "configs")
 # Env families that ship a preset (sf_envs/registry.py's built-in families): a missing file is a broken install.
 FAMILIES_WITH_PRESETS = ("doom", "atari", "dmlab", "gym", "test", "mujoco", "pettingzoo")
+# Saved parameters that belong to the machine that trained, not to the experiment: enjoy mode does not layer them.
+MACHINE_KEYS = frozenset({"device"})
 
 
 # --- the command line -----------------------------------------------------------------------------------------------
@@ -224,8 +230,8 @@ def _preset_values(env: str, params: dict[str, Param]) -> dict[str, Any]:
 def _layer_saved_config(values: dict, explicit: dict, params: dict[str, Param], mode: str) -> dict:
     """Put the experiment's saved config.json (resume, enjoy) into `values`, under the flags given; returns what it
     held ({} when it is not read). Keys that are not parameters (other versions wrote them), the run's identity,
-    enjoy-only parameters and those given as flags (so a flag repairs a bad saved value) are neither used nor
-    checked."""
+    enjoy-only parameters, in enjoy mode the MACHINE_KEYS, and those given as flags (so a flag repairs a bad saved
+    value) are neither used nor checked."""
     saved_path = Path(values["train_dir"]) / values["experiment"] / "config.json"
     resuming = mode == "enjoy" or values["restart_behavior"] == "resume"
     try:
@@ -235,8 +241,9 @@ def _layer_saved_config(values: dict, explicit: dict, params: dict[str, Param], 
     if not has_saved:
         return {}
     saved = read_json_object(saved_path, str(saved_path))
+    skipped = NOT_RESUMED | (MACHINE_KEYS if mode == "enjoy" else frozenset())
     for k, v in saved.items():
-        if k in params and k not in NOT_RESUMED and k not in explicit and params[k].scope != "enjoy":
+        if k in params and k not in skipped and k not in explicit and params[k].scope != "enjoy":
             values[k] = from_file(str(saved_path), k, params[k], v)
     return saved
 
