@@ -28,10 +28,19 @@ init_learner_group makes the current device; any other backend: the CPU) and cop
 model on a GPU also works with gloo (through host memory). NCCL refuses two ranks on one GPU ("Duplicate GPU
 detected"): on CUDA each local rank needs a GPU of its own (cuda:LOCAL_RANK).
 
-A rank that dies closes its sockets: gloo raises on the other ranks at once (connection closed or reset by
-peer); a rank that is alive but stuck makes the others raise after the group's timeout (measured:
-tests/learning/test_distributed.py). NCCL's watchdog aborts a collective past the timeout with
-TORCH_NCCL_ASYNC_ERROR_HANDLING (on by default in recent torch).
+Failures: every collective raises a one-line DistributedError in the calling thread, so the learner can still write
+its final checkpoint. With gloo, a rank that dies closes its sockets and the others raise at once (connection closed
+or reset by peer); a rank alive but stuck makes them raise after the group's timeout (measured:
+tests/learning/test_distributed.py). NCCL returns from a collective as soon as its kernel is queued: a peer that died
+leaves the kernel spinning, the next host synchronization hangs, and NCCL's watchdog thread tears the whole process
+down past the timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING, which torchrun sets to 1), with no checkpoint. So on nccl every
+collective here is issued async and waited for in the calling thread (`_collective`), in TORCH_NCCL_BLOCKING_WAIT
+mode, which init_learner_group turns on: past the timeout, counted from the call, the wait aborts the communicator
+(which ends the spinning kernel, leaving the GPU usable) and raises, within the timeout + NCCL_ABORT_MARGIN_SEC; torch
+starts no watchdog thread in that mode (before 2.6 it ran one that tore nothing down), so the process lives on. The
+price: the CPU waits for every collective (it no longer queues gradient clipping and Adam behind the all-reduce).
+The timeout comes too late on one machine, where torchrun stops the other ranks soon after one of them exits: there
+a wait is also given up STOP_ABORT_SEC after the rank was asked to stop (abort_waits_on_stop; docs/distributed.md#faults).
 """
 from __future__ import annotations
 
@@ -40,7 +49,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,6 +61,21 @@ from sf.utils.files import first_line
 # torchrun's variables: https://pytorch.org/docs/stable/elastic/run.html#environment-variables
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT = "127.0.0.1", 29500  # torchrun's defaults
+# torch reads either name when it creates a NCCL group (the first wins); the second is the deprecated one
+BLOCKING_WAIT_VARS = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
+# A NCCL collective whose peer died or hangs raises at most this long after the group's timeout: the time NCCL takes to
+# abort its communicator (asserted by tests/gpu/test_nccl_dead_peer.py). Well below the stall watchdog's grace for a
+# learner waiting on its peers (sf/runner/watchdog.py, 30 s), which must also cover writing the final checkpoint.
+NCCL_ABORT_MARGIN_SEC = 10.0
+# The learners' group's timeout (set by init_learner_group): how long a NCCL wait lasts, and named in failures
+_group_timeout: Optional[datetime.timedelta] = None
+# A NCCL collective still waiting this long after this rank was asked to stop is given up (abort_waits_on_stop): the
+# runner kills a learner that has not finished 8 s after its stop request (sf.runner.runner.STOP_TIMEOUT_SEC), and the
+# final checkpoint must be written before. Healthy peers asked to stop at the same time (a Ctrl-C to the job, torchrun
+# stopping a machine's ranks, the budget reached at the same batch boundary) meet in the next collective well within it.
+STOP_ABORT_SEC = 3.0
+# Whether this rank was asked to stop (the learner's SharedState.stopping; None: NCCL waits run to the timeout)
+_stop_requested: Optional[Callable[[], bool]] = None
 
 
 @dataclass(frozen=True)
@@ -114,10 +138,13 @@ class DistributedError(RuntimeError):
 def init_learner_group(world: World, device, timeout_sec: float = 60.0) -> None:
     """Join the learners of all ranks into torch.distributed's default process group: nccl when `device` is CUDA,
     gloo otherwise; rendezvous env:// at world.master_addr:world.master_port (torchrun's MASTER_ADDR/MASTER_PORT,
-    written back to os.environ, where env:// reads them). `timeout_sec` bounds the rendezvous and, with gloo, every
-    later collective (a stuck peer raises instead of hanging). With nccl, `device` (default cuda:LOCAL_RANK) becomes
-    this process's current CUDA device: collective_device("nccl") is that GPU. With one rank: nothing (no group is
-    needed).
+    written back to os.environ, where env:// reads them). `timeout_sec` (--distributed_timeout_sec) bounds the
+    rendezvous and every later collective here: a dead or stuck peer raises DistributedError instead of hanging. With
+    nccl, `device` (default cuda:LOCAL_RANK) becomes this process's current CUDA device (collective_device("nccl") is
+    that GPU), and TORCH_NCCL_BLOCKING_WAIT=1 is put in os.environ before the group is created, which is when torch
+    reads it, unless the user set it or NCCL_BLOCKING_WAIT: an explicit 0 is kept, and then NCCL's watchdog thread
+    may tear the process down after a timeout before the final checkpoint is written (see the module docstring).
+    With one rank: nothing (no group is needed).
 
     Raises RuntimeError with a one-line message naming MASTER_ADDR:MASTER_PORT if the group cannot be formed
     (master unreachable, a rank missing) within about the timeout (a client retries once: up to ~2x)."""
@@ -134,6 +161,8 @@ def init_learner_group(world: World, device, timeout_sec: float = 60.0) -> None:
         gpu = torch.device("cuda", device.index if device.index is not None else world.local_rank)
         torch.cuda.set_device(gpu)  # torch.device("cuda") (collective_device) means this rank's GPU from here on
         kwargs["device_id"] = gpu
+        if not any(name in os.environ for name in BLOCKING_WAIT_VARS):
+            os.environ[BLOCKING_WAIT_VARS[0]] = "1"
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = world.master_addr, str(world.master_port)
     try:
         dist.init_process_group(backend=backend, init_method="env://", rank=world.rank, world_size=world.world_size,
@@ -142,6 +171,8 @@ def init_learner_group(world: World, device, timeout_sec: float = 60.0) -> None:
         raise RuntimeError(f"rank {world.rank}/{world.world_size}: could not form the learners' {backend} group at "
                            f"MASTER_ADDR:MASTER_PORT {world.master_addr}:{world.master_port} within {timeout_sec:g} s "
                            f"({type(e).__name__}: {first_line(e)})") from e
+    global _group_timeout
+    _group_timeout = datetime.timedelta(seconds=timeout_sec)
 
 
 def _group_size(group) -> int:
@@ -151,7 +182,11 @@ def _group_size(group) -> int:
 def collective_device(backend: str) -> torch.device:
     """Where the tensors of a collective of `backend` must be: NCCL takes CUDA tensors only (torch.device("cuda"): the
     current device, which init_learner_group set to this rank's GPU); gloo (and any other backend) CPU tensors."""
-    return torch.device("cuda") if str(backend).lower() == "nccl" else torch.device("cpu")
+    return torch.device("cuda") if _is_nccl(backend) else torch.device("cpu")
+
+
+def _is_nccl(backend) -> bool:
+    return str(backend).lower() == "nccl"
 
 
 def _group_device(group=None) -> torch.device:
@@ -159,10 +194,56 @@ def _group_device(group=None) -> torch.device:
 
 
 def _failed(what: str, e: BaseException) -> DistributedError:
-    """One line: which collective failed on which rank, and the backend's first line (a peer died: at once; a peer
-    stuck: after the group's timeout)."""
-    return DistributedError(f"{what} failed on rank {dist.get_rank()}/{dist.get_world_size()} (a peer learner died or "
-                            f"is stuck): {first_line(e)}")
+    """One line: which collective failed on which rank, and the backend's first line (a peer died: at once with gloo;
+    a peer stuck, or dead under NCCL: after the group's timeout)."""
+    flag = "--distributed_timeout_sec" + (f" {_group_timeout.total_seconds():g}" if _group_timeout else "")
+    return DistributedError(f"{what} failed on rank {dist.get_rank()}/{dist.get_world_size()} (a peer learner died, or "
+                            f"was stuck past {flag}): {first_line(e)}")
+
+
+def abort_waits_on_stop(stop_requested: Optional[Callable[[], bool]]) -> None:
+    """From now on a NCCL collective of this process that is still waiting STOP_ABORT_SEC after `stop_requested()`
+    became true is aborted and raises (DistributedError), so that the learner writes its final checkpoint before it is
+    killed: on one machine, torchrun stops the other ranks soon after one exits, long before the group's timeout (a dead
+    peer's kernel never completes). None: no such check."""
+    global _stop_requested
+    _stop_requested = stop_requested
+
+
+def _wait_nccl(work) -> None:
+    """Wait for a NCCL collective's `work` in this thread: up to the group's timeout, or, with abort_waits_on_stop,
+    until this rank has been asked to stop for STOP_ABORT_SEC. A wait given up aborts the communicator and raises
+    (torch's wait with a timeout already past: it counts from the collective's start)."""
+    if _stop_requested is not None:
+        stop_since = None
+        while not work.is_completed():  # (also true once NCCL reported an error: the wait below raises it)
+            if _stop_requested():
+                stop_since = stop_since or time.monotonic()
+                if time.monotonic() - stop_since >= STOP_ABORT_SEC:
+                    work.wait(datetime.timedelta(milliseconds=1))
+                    return  # (it completed after all)
+            time.sleep(0.0005)
+    if _group_timeout is None:  # a group formed elsewhere: its own timeout, in the mode it was made with
+        work.wait()
+    else:
+        work.wait(_group_timeout)
+
+
+def _collective(what: str, fn, /, *args, group=None, **kwargs) -> None:
+    """`fn(*args, group=group, **kwargs)`, a torch.distributed collective, done when this returns; a failure is a
+    one-line DistributedError naming `what`. On nccl the collective is issued async and waited for here, in this
+    thread: a synchronous NCCL call returns once the kernel is queued, so a dead peer would only show as a hang at the
+    next host synchronization. In TORCH_NCCL_BLOCKING_WAIT mode (init_learner_group) the wait blocks until the kernel
+    is done; past the group's timeout, counted from the call, it aborts the communicator and raises. The timeout is
+    also passed explicitly: in recent torch that alone makes the wait block, so the mode turned off by a user still
+    raises in time (but NCCL's watchdog then runs too)."""
+    try:
+        if _is_nccl(dist.get_backend(group)):
+            _wait_nccl(fn(*args, group=group, async_op=True, **kwargs))
+        else:
+            fn(*args, group=group, **kwargs)
+    except Exception as e:  # a peer died (gloo: at once) or is stuck (after the group's timeout)
+        raise _failed(what, e) from e
 
 
 class GradientAllReduce:
@@ -179,8 +260,8 @@ class GradientAllReduce:
     The buffer lives on the group's collective_device: with nccl the parameters' GPU (no copy but the flat one); with
     gloo the CPU, also for parameters on a GPU (gloo reduces CUDA tensors through host memory anyway, and only for a
     few ops: the copies are explicit here). With a world of one rank the hook does nothing (no buffer, no process
-    group needed). `seconds_total` and `calls` count the all-reduces made (host time: on CUDA, NCCL runs
-    asynchronously on the stream, so the time is that of queuing the work unless the caller synchronizes)."""
+    group needed). `seconds_total` and `calls` count the all-reduces made (host time; with nccl the hook waits for the
+    all-reduce, see `_collective`, so it includes the backward kernels still queued before it)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], group=None, world_size: Optional[int] = None):
         self.params = [p for p in params if p.requires_grad]
@@ -223,10 +304,7 @@ class GradientAllReduce:
         self._flags.fill_(1.0)
         if missing:
             self._flags[missing] = 0.0
-        try:
-            dist.all_reduce(self.buffer, op=dist.ReduceOp.SUM, group=self.group)
-        except Exception as e:  # a peer died (at once) or is stuck (after the group's timeout): one line
-            raise _failed("gradient all-reduce", e) from e
+        _collective("gradient all-reduce", dist.all_reduce, self.buffer, op=dist.ReduceOp.SUM, group=self.group)
         self.buffer.div_(self.world_size)  # the same operation on the same sums: identical results on every rank
         # the flags (a device sync) are only needed where this rank had no gradient: every rank decides alike
         had_any = self._flags[missing].gt(0).tolist() if missing else []
@@ -264,10 +342,7 @@ def agree(values: Sequence[int], group=None) -> list[int]:
     sum is exact only below 2^53); every rank gets the same sums. The learners call it once per training batch, which
     keeps them in step: they stop at the same batch boundary."""
     t = _int64(values, _group_device(group))
-    try:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
-    except Exception as e:
-        raise _failed("the learners' per-batch agreement", e) from e
+    _collective("the learners' per-batch agreement", dist.all_reduce, t, op=dist.ReduceOp.SUM, group=group)
     return t.tolist()
 
 
@@ -276,10 +351,7 @@ def agree_range(values: Sequence[int], group=None) -> tuple[list[int], list[int]
     its minimum equals its maximum. One all-reduce MAX of [values, -values] (gloo and nccl have MAX)."""
     t = _int64(values, _group_device(group))
     both = torch.cat([t, -t])
-    try:
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-    except Exception as e:
-        raise _failed("the learners' start-up agreement", e) from e
+    _collective("the learners' start-up agreement", dist.all_reduce, both, op=dist.ReduceOp.MAX, group=group)
     n = len(values)
     out = both.tolist()
     return [-v for v in out[n:]], out[:n]
@@ -293,10 +365,7 @@ def gather_rows(t: torch.Tensor, group=None, what: str = "the normalizer statist
     world_size = dist.get_world_size(group)
     mine = t.detach().to(_group_device(group)).contiguous()
     parts = [torch.empty_like(mine) for _ in range(world_size)]
-    try:
-        dist.all_gather(parts, mine, group=group)
-    except Exception as e:
-        raise _failed(what, e) from e
+    _collective(what, dist.all_gather, parts, mine, group=group)
     return torch.stack(parts).to(t.device)
 
 
@@ -318,13 +387,10 @@ def broadcast_state(model: torch.nn.Module, src: int = 0, group=None) -> None:
     if not tensors:
         return
     device = _group_device(group)
-    try:
-        for dtype in sorted({t.dtype for t in tensors}, key=str):  # one flat tensor per dtype
-            same = [t for t in tensors if t.dtype == dtype]
-            flat = torch.cat([t.detach().reshape(-1) for t in same]).to(device)
-            dist.broadcast(flat, src=src, group=group)
-            with torch.no_grad():
-                for t, part in zip(same, torch.split(flat, [t.numel() for t in same])):
-                    t.copy_(part.view_as(t))
-    except Exception as e:
-        raise _failed(f"broadcast of rank {src}'s weights", e) from e
+    for dtype in sorted({t.dtype for t in tensors}, key=str):  # one flat tensor per dtype
+        same = [t for t in tensors if t.dtype == dtype]
+        flat = torch.cat([t.detach().reshape(-1) for t in same]).to(device)
+        _collective(f"broadcast of rank {src}'s weights", dist.broadcast, flat, src=src, group=group)
+        with torch.no_grad():
+            for t, part in zip(same, torch.split(flat, [t.numel() for t in same])):
+                t.copy_(part.view_as(t))

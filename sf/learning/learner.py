@@ -123,6 +123,7 @@ class Learner:
         grad_hook = None
         if self.world.distributed:
             distributed.init_learner_group(self.world, self.device, cfg.distributed_timeout_sec)
+            distributed.abort_waits_on_stop(shared_state.stopping)  # (NCCL: a dead peer's collective never ends)
             grad_hook = distributed.GradientAllReduce(self.model.parameters())
             distributed.share_normalizer_statistics(self.model)  # the union batch's statistics on every rank
         self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook,
