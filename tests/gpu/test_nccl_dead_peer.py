@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import test_distributed as dp  # tests/learning/test_distributed.py
-from sf.distributed import (BLOCKING_WAIT_VARS, NCCL_ABORT_MARGIN_SEC, DistributedError, GradientAllReduce,
-                            init_learner_group)
+from sf.distributed import BLOCKING_WAIT_VARS, NCCL_ABORT_MARGIN_SEC, GradientAllReduce, init_learner_group
 
 pytestmark = pytest.mark.gpu
 
@@ -34,13 +33,7 @@ def _dead_peer_rank(rank, port, out_dir):
         time.sleep(2.0)  # rank 0 is in the all-reduce by now, its kernel waiting for this rank
         os.kill(os.getpid(), signal.SIGKILL)
     params[0].grad.fill_(2.0)
-    start = time.monotonic()
-    try:
-        hook()
-        outcome = "returned"
-    except DistributedError as e:
-        outcome = str(e)
-    seconds = time.monotonic() - start
+    outcome, seconds = dp.timed_outcome(hook)
     path = os.path.join(out_dir, f"rank{rank}.pt")
     result = {"outcome": outcome, "seconds": seconds, "blocking_wait": os.environ.get("TORCH_NCCL_BLOCKING_WAIT")}
     torch.save(result, path)  # first: a copy below that hangs still leaves the outcome to read

@@ -253,13 +253,19 @@ def _failing_rank(rank, port, out_dir, victim, how):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(TIMEOUT + 3)  # "hangs": alive, sockets open, not in the all-reduce until the peer gave up
         os._exit(0)
+    outcome, seconds = timed_outcome(hook)
+    torch.save({"outcome": outcome, "seconds": seconds}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def timed_outcome(fn) -> tuple[str, float]:
+    """fn() called: ("returned", or the first RuntimeError's text (DistributedError is one), its seconds)."""
     start = time.monotonic()
     try:
-        hook()
+        fn()
         outcome = "returned"
     except RuntimeError as e:
         outcome = str(e)
-    torch.save({"outcome": outcome, "seconds": time.monotonic() - start}, os.path.join(out_dir, f"rank{rank}.pt"))
+    return outcome, time.monotonic() - start
 
 
 @pytest.mark.e2e
