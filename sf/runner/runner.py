@@ -293,7 +293,9 @@ class Runner:
                     kill_adopted(self.own_children)  # engines of a worker that died without closing them
         finally:
             for s, h in old.items():
-                signal.signal(s, h)
+                # once a stop was asked, a repeated SIGTERM (a batch system's, or timeout(1)'s second one) that comes
+                # after the run stopped in order must not kill the process on its way out (exit code -15)
+                signal.signal(s, signal.SIG_IGN if s == signal.SIGTERM and self.stop_requests.count else h)
             self._finish(start)
         self._log_done(start)
         return self.exit_code
