@@ -10,7 +10,7 @@ SF_STAMP := $(SF_VENV)/.installed
 # override it: make train TRAIN_ARGS="--env doom_basic --experiment quickstart --train_for_seconds 300"
 TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_env_steps 400000
 
-.PHONY: setup setup-sf setup-slurm train test test-fast test-slow test-gpu bench clean
+.PHONY: setup setup-sf setup-slurm train test test-fast test-slow test-gpu gpu-bundle bench clean
 
 setup: $(STAMP) setup-slurm
 
@@ -69,6 +69,10 @@ test-slow: setup
 # the reason, where torch sees no GPU
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu tests/gpu
+
+# what a bare GPU machine lacks, for benchmarks/gpu_check.sh there (docs/benchmarks.md, "On a GPU"): .gpu_bundle/
+gpu-bundle:  # no set-up first: the script says what it lacks (make setup), in one line
+	bash benchmarks/gpu_bundle.sh
 
 clean:
 	rm -rf build *.egg-info sf/ipc/_cqueue*.so

@@ -1,0 +1,93 @@
+"""benchmarks/gpu_check.sh, the one-call proof of the GPU path, in its CPU dry-run (--device cpu): the same stages on
+the CPU, so that the script a GPU machine runs rarely cannot rot here. It passes, with a PASS or a SKIP with its reason
+for every stage in DIR/summary.txt, a log per stage and the logs packed in one file; a stage that fails for real (a run
+handed an env that does not exist) fails the script, and the stages after it still run; bad arguments are one line."""
+import os
+import re
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from e2e_helpers import ROOT
+
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+STAGES = ["setup", "fork_proof", "pytest", "train", "resume_cpu", "resume_cuda", "pbt", "enjoy", "eval", "export",
+          "learner_bench", "system_bench"]
+LINE = re.compile(r"^(PASS|FAIL|SKIP) (\S+) +(\d+)s  (.*)$")
+
+
+def run_check(out_dir, *args, env=None, timeout=540):
+    # this interpreter: the one CI set up, whatever .venv/bin/python is
+    full_env = dict(os.environ, SF_CHECK_PYTHON=sys.executable, **(env or {}))
+    return subprocess.run(["bash", str(SCRIPT), str(out_dir), "--device", "cpu", *args], capture_output=True,
+                          text=True, timeout=timeout, env=full_env, cwd=ROOT)
+
+
+def summary(out_dir) -> dict:
+    """stage -> (status, seconds, key figure), in the file's order; the result line under "#result"."""
+    rows = {}
+    for line in (out_dir / "summary.txt").read_text().splitlines():
+        if line.startswith("# result: "):
+            rows["#result"] = line[len("# result: "):]
+        elif not line.startswith("#"):
+            m = LINE.match(line)
+            assert m, f"a summary line not `STATUS stage seconds figure`: {line!r}"
+            rows[m.group(2)] = (m.group(1), int(m.group(3)), m.group(4))
+    return rows
+
+
+@pytest.mark.e2e
+@pytest.mark.doom
+def test_cpu_dry_run_passes_every_stage(tmp_path):
+    pytest.importorskip("vizdoom")
+    out = tmp_path / "check"
+    res = run_check(out)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-4000:]
+    rows = summary(out)
+    assert [s for s in rows if s != "#result"] == STAGES, rows
+    for stage in STAGES:
+        status, _, figure = rows[stage]
+        assert status in ("PASS", "SKIP") and figure.strip(), (stage, rows[stage], text[-3000:])
+        if status == "SKIP":  # only a benchmark, only for want of time: the stages that prove something all ran
+            assert stage.endswith("_bench") and figure.startswith("no time left"), (stage, figure)
+        assert (out / f"{stage}.log").is_file() or status == "SKIP", stage
+    assert rows["#result"].startswith("PASS")
+    assert "on cpu" in rows["resume_cpu"][2] and "resumed at policy version" in rows["resume_cpu"][2]
+    assert re.search(r"restarted after [0-9.]+ s, [1-9]\d* PBT decisions, run exit code 0", rows["pbt"][2])
+    assert re.search(r"trained on cpu .*loss [0-9.]+ -> [0-9.]+", rows["fork_proof"][2])
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        packed = {os.path.basename(n) for n in tar.getnames()}
+    assert "summary.txt" in packed and "pbt.log" in packed
+
+
+@pytest.mark.e2e
+@pytest.mark.doom
+def test_a_failed_stage_fails_the_script_and_the_next_stages_still_run(tmp_path):
+    """The pbt stage's train.py is handed an env that does not exist (SF_CHECK_PBT_ARGS, appended to its command: the
+    last --env wins), so it fails for real: exit status 1, FAIL with train.py's own one-line error, and the stage
+    after it still runs and passes. (A read-only directory would not do: tests run as root here.) Three stages only:
+    the dry run of every stage is the test above."""
+    pytest.importorskip("vizdoom")
+    out = tmp_path / "check"
+    res = run_check(out, "--stages", "fork_proof,pbt,learner_bench", env={"SF_CHECK_PBT_ARGS": "--env doom_no_such_env"})
+    text = res.stdout + res.stderr
+    assert res.returncode == 1, text[-4000:]
+    rows = summary(out)
+    status, _, figure = rows["pbt"]
+    assert status == "FAIL" and "run exit code 2" in figure and "doom_no_such_env" in figure, rows["pbt"]
+    for stage in ("fork_proof", "learner_bench"):
+        assert rows[stage][0] == "PASS", (stage, rows[stage], text[-3000:])
+    assert rows["setup"][0] == "SKIP" and "not selected" in rows["setup"][2]
+    assert rows["#result"].startswith("FAIL: 2 passed, 1 failed")
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+    for args, why in (([], "DIR is required"), ([str(tmp_path), "--device", "tpu"], "--device tpu"),
+                      ([str(tmp_path), "--stages", "nope"], "unknown stage nope"),
+                      ([str(tmp_path), "--seconds", "0"], "--seconds 0")):
+        res = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert res.returncode == 2 and why in res.stderr, (args, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
