@@ -40,7 +40,8 @@ mode, which init_learner_group turns on: past the timeout, counted from the call
 starts no watchdog thread in that mode (before 2.6 it ran one that tore nothing down), so the process lives on. The
 price: the CPU waits for every collective (it no longer queues gradient clipping and Adam behind the all-reduce).
 The timeout comes too late on one machine, where torchrun stops the other ranks soon after one of them exits: there
-a wait is also given up STOP_ABORT_SEC after the rank was asked to stop (abort_waits_on_stop; docs/distributed.md#faults).
+a wait is also given up STOP_ABORT_SEC after the rank was asked to stop (abort_waits_on_stop;
+docs/distributed.md#faults).
 """
 from __future__ import annotations
 
