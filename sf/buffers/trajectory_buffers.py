@@ -152,12 +152,17 @@ class TrajectoryBuffers:
 
     @staticmethod
     def bytes_needed(num_slots: int, rollout: int, obs_space, action_space, rnn_state_size: int) -> int:
-        per_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
+        per_step = obs_bytes(obs_space)
         per_step += 4 * rnn_state_size + 8 * int(np.prod(action_shape(action_space)))
         per_step += 4 * num_action_logits(action_space) + 4 * 5 + 8 + 1 + 4 * int(np.prod(action_shape(action_space)))
-        per_slot = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
+        per_slot = obs_bytes(obs_space)
         per_slot += 4 * rnn_state_size + 8  # final_obs, final_rnn, final_t
         return num_slots * ((rollout + 1) * per_step + per_slot)
+
+
+def obs_bytes(obs_space) -> int:
+    """Bytes of one observation of the Dict space `obs_space` (all its keys)."""
+    return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
 
 
 DONES_HOST = "dones_host"

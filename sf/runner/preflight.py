@@ -16,12 +16,11 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import torch
 
 from sf import distributed
-from sf.buffers.trajectory_buffers import shm_available_bytes, shm_used_bytes
+from sf.buffers.trajectory_buffers import obs_bytes, shm_available_bytes, shm_used_bytes
 from sf.cfg import ConfigError, RunError, experiment_dir
 from sf.learning.checkpoint import CheckpointError, check_compatible
 from sf.learning.checkpoint_store import CheckpointManager
@@ -234,8 +233,7 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int, devic
     if not cuda:
         return
     # the batch's observations and RNN states ([T+1] and the final one); its other per-step entries are left out
-    obs_step = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in obs_space.spaces.values())
-    batch = batch_trajs * (cfg.rollout + 2) * (obs_step + 4 * rnn_state_size)
+    batch = batch_trajs * (cfg.rollout + 2) * (obs_bytes(obs_space) + 4 * rnn_state_size)
     gpu = {
         f"{cuda_processes} CUDA processes x context": cuda_processes * CUDA_CONTEXT_DEVICE_BYTES,
         # the model, its gradients, Adam's two moments and one training batch (a second one while the next is
