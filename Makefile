@@ -12,7 +12,9 @@ TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_env_steps 400
 
 .PHONY: setup setup-sf setup-slurm train test test-fast test-slow test-gpu gpu-bundle bench clean
 
-setup: $(STAMP) setup-slurm
+# what training needs: the venv, the package with its envs, the C++ queue, Doom's scenario data (no Slurm, no
+# Sample Factory: those are the tests' and the sweeps' set-up, `make setup-slurm` / `make setup-sf`)
+setup: $(STAMP)
 
 # Slurm and munge (Debian's slurm-wlm, munge): the sweep launcher's Slurm backend, and the single-node cluster that
 # tests/launch/test_slurm.py starts for itself. Installed as root with apt-get; elsewhere, or if that fails, a warning

@@ -140,3 +140,22 @@ def test_missing_preset_is_one_line_error(tmp_path, monkeypatch, capsys):
 def test_every_builtin_family_has_its_preset():
     assert sorted(f"{f}.json" for f in FAMILIES_WITH_PRESETS) == PRESETS
     assert sf.cfg.CONFIGS_DIR == ROOT / "configs"  # in the clone (also under pip install -e .): configs/ itself
+
+
+def test_make_train_installs_only_what_training_needs():
+    """The quick start's `make train` sets up the venv and trains; Slurm (apt as root) and Sample Factory's venv are
+    the tests' set-up (`make test`), never the trainer's. `make -n` prints the recipes without running them; the
+    targets' stamps are made absent so that every recipe is printed."""
+    root = Path(__file__).resolve().parent.parent
+
+    def recipes(target):
+        res = subprocess.run(["make", "-n", "-B", target, "VENV=/nonexistent/venv", "SF_VENV=/nonexistent/sf"],
+                             cwd=root, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    train, test = recipes("train"), recipes("test")
+    assert "train.py" in train and "pip install" in train
+    for other in ("slurm-wlm", "munge", "sample-factory", "/nonexistent/sf"):
+        assert other not in train, other
+        assert other in test, other  # the test target still sets them up
