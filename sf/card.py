@@ -19,7 +19,8 @@ naming the algorithm and the env, then how to use, evaluate and continue trainin
     Hardware         what the run log (sf_log.txt) says about the run, and this machine's CPU, memory and GPUs (the
                      machine writing the card, which need not be the one that trained)
 
-Both files are written atomically (sf/utils/files.py). Bad input (no such experiment, a directory train.py did not
+A README.md that the card did not write (the user's own: it lacks the card's mark, an HTML comment after the front
+matter) is kept: one line naming --force, which replaces it. Both files are written atomically (sf/utils/files.py). Bad input (no such experiment, a directory train.py did not
 write, no checkpoint, an evaluation CSV without a return column) is one line on stderr and exit code 2, with nothing
 written; an I/O failure one line and exit code 1.
 """
@@ -40,6 +41,9 @@ from sf.export import add_experiment_arguments
 from sf.utils.files import write_text_atomic
 
 ALGO = "APPO"
+# the card's own mark (an HTML comment, invisible on the hub), right after the front matter: a README.md without it was
+# written by someone else and is replaced only with --force
+CARD_MARK = "<!-- Written by python -m sf.card: run it again to update this card. -->"
 CURVES_NAME = "learning_curves.png"
 EVAL_GLOB = "eval*.csv"
 EVAL_EPISODES = 1000
@@ -196,7 +200,7 @@ def card_text(exp_dir: Path, cfg: argparse.Namespace, saved: dict, curves: Path 
     eval_cmd = f"python -m sf.eval {where} --episodes {EVAL_EPISODES}"
     population = cfg.num_policies > 1
 
-    out = [_front_matter(env, evals),
+    out = [_front_matter(env, evals), CARD_MARK + "\n",
            f"A(n) **{ALGO}** model trained on the **{env}** environment.\n",
            "It was trained with this repository's asynchronous actor-learner trainer (the Sample Factory "
            "architecture, APPO): https://github.com/alex-petrenko/sample-factory describes the method.\n",
@@ -245,6 +249,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog=prog, allow_abbrev=False,
                                    description="Write EXP/README.md, a model card of the experiment.")
     add_experiment_arguments(parser)
+    parser.add_argument("--force", action="store_true",
+                        help="replace a README.md that the card did not write (kept otherwise)")
     return parser
 
 
@@ -258,15 +264,27 @@ def run_card(args: argparse.Namespace, prog: str) -> Path:
     saved = read_json_object(exp_dir / "config.json", str(exp_dir / "config.json"))
     curves = exp_dir / CURVES_NAME if event_files(exp_dir) else None
     text = card_text(exp_dir, cfg, saved, curves)  # every check, before anything is written
+    path = exp_dir / "README.md"
+    if not args.force and not written_by_card(path):
+        raise ConfigError(f"{path}: a README.md that sf.card did not write is kept; --force replaces it")
     if curves is not None:
         run_plot(argparse.Namespace(exp_dirs=[exp_dir], out=curves, smooth=0.6, panels="reward,fps", train_dir=None,
                                     title=f"{exp_dir.name} ({cfg.env})"))
-    path = exp_dir / "README.md"
     try:
         write_text_atomic(path, text)
     except OSError as e:
         raise RunError(f"cannot write {path}: {e.strerror or e}") from None
     return path
+
+
+def written_by_card(path: Path) -> bool:
+    """True if there is no README.md at `path` or the card wrote it (its mark is in it)."""
+    try:
+        return CARD_MARK in path.read_text(errors="replace")
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        raise RunError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def main(argv=None, *, prog: str = "python -m sf.card") -> int:

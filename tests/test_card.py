@@ -109,3 +109,22 @@ def test_bad_input_one_line_exit_2_nothing_written(exp_dir, tmp_path):
         res = card(*argv)
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and needle in res.stderr, (argv, res.stderr)
         assert re.match(r"python -m sf\.card: error: ", res.stderr) and snapshot(tmp_path) == before, argv
+
+
+def test_a_readme_the_card_did_not_write_is_kept(exp_dir, tmp_path):
+    """A README.md the user wrote is not replaced: one line naming --force, exit 2, the file untouched; --force
+    replaces it, and a card replaces its own earlier card without asking."""
+    exp = tmp_path / "exp"
+    shutil.copytree(exp_dir, exp, ignore=shutil.ignore_patterns("README.md", "*.png"))
+    mine = "# My notes\n\nWhat I changed in this run.\n"
+    (exp / "README.md").write_text(mine)
+    res = card(exp)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--force" in res.stderr, res.stderr
+    assert (exp / "README.md").read_text() == mine and not (exp / "learning_curves.png").exists()
+    res = card(exp, "--force")
+    assert res.returncode == 0, res.stderr
+    written = (exp / "README.md").read_text()
+    assert written.startswith("---\n") and "My notes" not in written
+    (exp / "README.md").write_text(written + "\n<!-- the user's own line under the card -->\n")
+    assert card(exp).returncode == 0  # its own card (the mark is in it) is updated without --force
+    assert "the user's own line" not in (exp / "README.md").read_text()
