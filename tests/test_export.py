@@ -62,7 +62,7 @@ def exported(train_dir):
 def torch_policy(exp_dir, policy: int, checkpoint_name: str):
     """The env and the torch model of `policy` loaded from the checkpoint the export names (as enjoy loads it)."""
     import torch
-    from sf.enjoy import load_policy, open_env
+    from sf.policy_loading import load_policy, open_env
     from sf.export import experiment_cfg
     cfg = experiment_cfg(exp_dir, "test")
     env = open_env(cfg)
@@ -234,3 +234,19 @@ def test_bad_input_one_line_exit_2_nothing_written(exported, tmp_path):
         assert snapshot(tmp_path) == before and snapshot(src) == before_src, argv
     res = run("-m", "sf.export", tmp_path / "missing")  # the real entry point: one line, exit code 2
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_many_unusable_checkpoints_are_one_counted_line(exported, tmp_path):
+    """An experiment with many corrupt checkpoint files (best and regular) exports its good one and tells of the rest
+    in one line per kind of question that met them, counting them, each file told once; nothing is moved."""
+    exp = copy_experiment(exported / "image_gru", tmp_path / "corrupt")
+    for i in range(1, 6):
+        (exp / "checkpoint_p0" / f"checkpoint_{900 + i:09d}_{10**6 + i}.pth").write_text("garbage")
+        (exp / "checkpoint_p0" / f"best_{900 + i:09d}_{10**6 + i}_reward_{1000 + i}.000.pth").write_text("garbage")
+    before = sorted(p.name for p in (exp / "checkpoint_p0").iterdir())
+    for argv, count in (([], 5), (["--checkpoint", "latest"], 5)):
+        res = run("-m", "sf.export", exp, *argv)
+        assert res.returncode == 0, res.stderr
+        told = [ln for ln in (res.stdout + res.stderr).splitlines() if "valid checkpoint" in ln]
+        assert len(told) == 1 and f"{count} files in {exp / 'checkpoint_p0'}" in told[0], told
+    assert sorted(p.name for p in (exp / "checkpoint_p0").iterdir()) == before  # read only: left in place

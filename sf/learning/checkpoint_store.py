@@ -30,6 +30,7 @@ One CheckpointManager writes to a directory at a time (the learner of that polic
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -96,6 +97,18 @@ def _write_failure(e: BaseException) -> OSError | RuntimeError | None:
     return None
 
 
+def _tells_ignored(method):
+    """Read only: the invalid files a public call came across are told at its end, in one line that counts them (an
+    experiment with many corrupt files is one line, not one per file)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._tell_ignored()
+    return call
+
+
 class CheckpointManager:
     """Saves, prunes and loads the checkpoints of one policy in `exp_dir/checkpoint_p{policy_id}`.
 
@@ -103,6 +116,10 @@ class CheckpointManager:
     `read_only`: this manager never writes, moves or deletes anything (a data-parallel rank other than 0, which shares
     rank 0's directory): a file that fails verification is ignored where it lies, as in a directory it may not write.
     """
+
+    # (path, (size, mtime_ns, inode)) of the invalid files a read-only manager of this process has told of: each is told
+    # once per process, though enjoy, export and card open a manager per question
+    _told_read_only: set[tuple[Path, tuple]] = set()
 
     def __init__(self, exp_dir: Path, policy_id: int = 0, keep_checkpoints: int = 2, save_best_metric: str = "reward",
                  log: logging.Logger = logging.getLogger("sf.checkpoint"), read_only: bool = False):
@@ -118,9 +135,11 @@ class CheckpointManager:
         # unchanged. None info with a reason: rejected but could not be moved aside (e.g. read-only directory).
         self._verified: dict[Path, tuple[tuple, CheckpointInfo | None, str | None]] = {}
         self._best_value: float | None = None  # read lazily: readers (enjoy, runner) rarely need it
+        self._ignored: list[tuple[Path, str, str]] = []  # read only: (path, reason, then) found by this call
 
     # --- the best value so far ---
     @property
+    @_tells_ignored
     def best_value(self) -> float:
         """The best value of this metric so far: from the verified best file's content (so it survives
         restarts and a stray file's name cannot set it), then kept in memory once this manager writes one."""
@@ -164,6 +183,7 @@ class CheckpointManager:
             return [p for _, p in regular]
         return [p for metric, value, _, p in best if metric == self.metric and not math.isnan(value)]
 
+    @_tells_ignored
     def latest(self) -> list[Path]:
         """Verified regular checkpoints, newest first (policy version, then env steps, from their content).
 
@@ -179,6 +199,7 @@ class CheckpointManager:
         found.sort(key=lambda f: (f[1].value, f[1].policy_version, f[1].env_steps), reverse=True)
         return found
 
+    @_tells_ignored
     def best(self) -> Path | None:
         """The verified best checkpoint of the current metric, or None."""
         best = self._verified_best()
@@ -225,13 +246,26 @@ class CheckpointManager:
         self._verified[path] = (key, info, None)
         return info, None
 
+    def _tell_ignored(self) -> None:
+        """One WARNING for the invalid files ignored (read only) since the last one: the file itself when there is one."""
+        if not self._ignored:
+            return
+        ignored, self._ignored = self._ignored, []
+        path, reason, then = ignored[0]
+        if len(ignored) == 1:
+            self.log.warning("Checkpoint %s is not a valid checkpoint (%s); ignored, left in place (read only)%s",
+                             path, reason, then)
+        else:
+            self.log.warning("%d files in %s are not valid checkpoints (the first, %s: %s); ignored, left in place "
+                             "(read only)", len(ignored), self.dir, path.name, reason)
+
     def _reject(self, path: Path, key: tuple, reason: str, then: str, quiet: bool) -> None:
         """Move a file that failed verification into rejected/ (kept for inspection, never matched again)."""
         if self.read_only:  # ignore it, remember the verdict (not read or reported again while it is unchanged)
             self._verified[path] = (key, None, reason)
-            if not quiet:
-                self.log.warning("Checkpoint %s is not a valid checkpoint (%s); ignored, left in place (read only)%s",
-                                 path, reason, then)
+            if not quiet and (path, key) not in CheckpointManager._told_read_only:
+                CheckpointManager._told_read_only.add((path, key))
+                self._ignored.append((path, reason, then))
             return
         try:
             self.rejected_dir.mkdir(exist_ok=True)
@@ -416,6 +450,7 @@ class CheckpointManager:
         return path
 
     # --- loading ---
+    @_tells_ignored
     def load(self, kind: str = "latest", map_location="cpu") -> dict | None:
         """The newest (or best) verified checkpoint of `kind` ("latest" or "best"), with `path` added.
 
