@@ -204,6 +204,12 @@ class Runner:
                      cfg.num_workers * cfg.num_envs_per_worker * self.num_agents, cfg.policy_mapping,
                      f" (new draw every {cfg.policy_resample_episodes} episodes of an env)"
                      if cfg.policy_mapping != "fixed" and P > 1 else "")
+        playing = cfg.num_workers * cfg.num_envs_per_worker * self.num_agents
+        if P > playing:  # (--policy_mapping fixed is refused in preflight then)
+            log.warning("Population: %d policies but %d agent(s) play at once: the others wait for a draw (each rollout "
+                        "worker draws every policy once per %d draws, a draw every %d episodes of an env), and the run "
+                        "ends when every policy has trained --train_for_env_steps", P, playing, P,
+                        cfg.policy_resample_episodes)
         mode = MODE_LINES[cfg.sync_mode].format(batch=self.trajs_per_batch * cfg.rollout,
                                                 steps=sync_minibatches(cfg) * cfg.num_epochs)
         log.info("Mode: %s", mode)

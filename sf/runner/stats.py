@@ -165,7 +165,9 @@ class RunStats:
             p = self.policies[0]
             return (f"Fps is ({fps}). Total num frames: {self.total_frames}. Policy version: {p.version}. "
                     f"{self._lag_text(p)}. {self._episodes_text(p)}")
-        lines = [f"Fps is ({fps}). Total num frames: {self.total_frames}. {len(self.policies)} policies:"]
+        idle = [str(i) for i, p in enumerate(self.policies) if p.learner_env_steps == 0 and p.num_episodes == 0]
+        idle_text = f" (no experience yet: {', '.join(idle)})" if idle else ""
+        lines = [f"Fps is ({fps}). Total num frames: {self.total_frames}. {len(self.policies)} policies{idle_text}:"]
         for i, p in enumerate(self.policies):
             lines.append(f"  policy {i}: version {p.version}, {p.learner_env_steps} frames trained. {self._lag_text(p)}. "
                          f"{self._episodes_text(p)}")

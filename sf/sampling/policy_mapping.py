@@ -6,7 +6,11 @@ requests and finished trajectories by the answer. Modes (--policy_mapping):
 - random (the paper): every env holds a list of policies, one per agent, drawn uniformly from the population and drawn
   again every --policy_resample_episodes episodes of that env (counted in agent episode starts / num_agents, as Sample
   Factory 1.x's PolicyManager does). With --pbt_mix_policies_in_one_env False every agent of one env gets the same
-  policy (no self-play between different policies inside one match).
+  policy (no self-play between different policies inside one match). The draws of a rollout worker are dealt from a
+  shuffled deck of the population, shuffled again when it runs out: every policy is drawn before any is drawn again.
+  Each draw is still uniform, but a population larger than the agents playing at once (8 policies on 2 envs) has every
+  policy play within num_policies / agents draws, where independent draws leave some policies out for many periods
+  (and, since the budget holds for every policy, the run waits for them).
 - groups: the paper's random draw made per inference group instead of per env. A rollout worker steps its envs in
   --worker_num_splits groups, and each group's envs ask for their actions in one request; with a draw per env, a group
   of 8 envs and 4 policies gives each policy's worker about 2 rows per forward, and on a CPU a forward costs twice as
@@ -47,6 +51,7 @@ class PolicyMapping:
         self.resample_episodes, self.mix = max(1, int(resample_episodes)), mix_in_one_env
         self.first_global_env = first_global_env
         self.rng = np.random.default_rng(seed)
+        self.deck: list[int] = []  # random: the policies not yet drawn in the current shuffle of the population
         self.env_policies: dict[int, list[int]] = {}
         self.episode_starts: dict[int, int] = {}  # per env (random) or per group (groups)
         self.envs_per_group, self.shared_seed = max(1, int(envs_per_group)), shared_seed
@@ -63,11 +68,17 @@ class PolicyMapping:
         starts = self.episode_starts.get(env, 0)
         if starts % (self.num_agents * self.resample_episodes) == 0:
             if self.mix:
-                self.env_policies[env] = self.rng.integers(self.num_policies, size=self.num_agents).tolist()
+                self.env_policies[env] = [self._deal() for _ in range(self.num_agents)]
             else:
-                self.env_policies[env] = [int(self.rng.integers(self.num_policies))] * self.num_agents
+                self.env_policies[env] = [self._deal()] * self.num_agents
         self.episode_starts[env] = starts + 1
         return int(self.env_policies[env][agent])
+
+    def _deal(self) -> int:
+        """The next policy of the deck, a new shuffle of the population when it is empty."""
+        if not self.deck:
+            self.deck = self.rng.permutation(self.num_policies).tolist()
+        return int(self.deck.pop())
 
     def _group_policy(self, env: int, agent: int) -> int:
         group = (self.first_global_env + env) // self.envs_per_group  # global index of env's group

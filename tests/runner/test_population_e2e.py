@@ -217,3 +217,22 @@ def test_resuming_pbt_with_another_population_size_is_one_line(tmp_path, entry):
     assert "\n" not in line and line.startswith(f"train.py: error: {exp / 'pbt_state.json'}: "), line
     assert "move it aside" in line
     assert {p: p.read_bytes() for p in exp.iterdir()} == before
+
+
+def test_more_policies_than_agents_playing_says_so_and_every_policy_trains(tmp_path, entry):
+    """4 policies on 2 envs of one agent (the random mapping): one line at start says that only 2 play at once and
+    that the run ends when every policy has trained its budget; the console names the policies without experience
+    yet; the draws cover the population (a deck per rollout worker), so every policy trains its budget and the run
+    ends."""
+    res = entry("train.py", *train_args(tmp_path, "test_corridor", *POP, "--num_workers", "1",
+                                        "--num_envs_per_worker", "2", "--num_policies", "4",
+                                        "--policy_resample_episodes", "1", "--train_for_env_steps", "1500"),
+                timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = res.stdout + res.stderr
+    assert len(re.findall(r"Population: 4 policies but 2 agent\(s\) play at once: .* every policy has trained "
+                          r"--train_for_env_steps", out)) == 1, out[-3000:]
+    assert re.search(r"4 policies \(no experience yet: [0-3](, [0-3])*\):", out), out[-3000:]
+    for p in range(4):
+        last = sorted((tmp_path / "e2e" / f"checkpoint_p{p}").glob("checkpoint_*.pth"))[-1]
+        assert int(last.stem.split("_")[-1]) >= 1500, p

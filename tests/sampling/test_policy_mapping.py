@@ -109,3 +109,21 @@ def test_groups_mapping_in_multi_agent_envs():
     for _ in range(20):
         policies = _episode(unmixed, 4, 2)[0]
         assert (policies[:2] == policies[0, 0]).all() and (policies[2:] == policies[2, 0]).all()
+
+
+@pytest.mark.parametrize("agents,mix", [(1, True), (2, True), (3, False)])
+def test_random_draws_cover_the_population_before_repeating(agents, mix):
+    """8 policies, one env playing at a time: the draws are dealt from a shuffled deck, so every run of 8 consecutive
+    draws (aligned to the deck) holds each policy once, and every policy plays within 8 draws of the start; the order
+    still varies from deck to deck."""
+    n = 8
+    m = PolicyMapping(n, agents, resample_episodes=1, mix_in_one_env=mix, seed=11)
+    draws = []
+    for episode in range(40 * n):
+        env = episode % 2
+        policies = [m.policy_for(env, a) for a in range(agents)]
+        draws += policies if mix else policies[:1]
+    decks = [draws[i:i + n] for i in range(0, len(draws) - n + 1, n)]
+    assert all(sorted(d) == list(range(n)) for d in decks), decks[:3]
+    assert len({tuple(d) for d in decks}) > 1
+
