@@ -1,9 +1,10 @@
 """The VizDoom scenarios of the Sample Factory paper: maps, action heads, game variables, reward settings.
 
 Pure data (no vizdoom import): buttons and game variables are VizDoom enum *names*, resolved when a game
-starts. The standard scenarios (basic ... health_gathering_supreme) use the maps that ship in the vizdoom
-wheel (`vizdoom.scenarios_path`) with Sample Factory's gameplay settings applied programmatically; battle,
-battle2, two_colors, duel, deathmatch and the benchmark use the Sample Factory data fetched by
+starts. The standard scenarios (basic ... health_gathering) use the maps that ship in the vizdoom
+wheel (`vizdoom.scenarios_path`) with Sample Factory's gameplay settings applied programmatically;
+health_gathering_supreme (whose wheel map differs from Sample Factory's), battle, battle2, two_colors, duel,
+deathmatch and the benchmark use the Sample Factory data fetched by
 `python -m sf_envs.doom.fetch_scenarios` (MIT licence), checked against the digests pinned in scenario_digests.py.
 Scenarios with num_agents > 1 are multi-agent envs: one VizDoom engine per learning agent, joined over VizDoom's
 network mode on localhost (sf_envs/doom/doom_multiplayer.py).
@@ -128,7 +129,9 @@ SCENARIOS = [
                  shaping="gathering",
                  settings=dict(living_reward=0.01, death_penalty=0.0, episode_timeout=2100, render_hud=False,
                                render_crosshair=False, render_weapon=False, render_decals=False, render_particles=False)),
-    DoomScenario("doom_health_gathering_supreme", "health_gathering_supreme.cfg", "vizdoom",
+    # Sample Factory's map (fetched), not the vizdoom wheel's: the wheel's health_gathering_supreme.wad differs (29,498
+    # bytes against 23,206), and Sample Factory's published model and the Hugging Face course were trained on its own
+    DoomScenario("doom_health_gathering_supreme", "health_gathering_supreme.cfg", "sf",
                  (("action", NOOP + _buttons("TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD", "MOVE_BACKWARD")),),
                  "Health gathering supreme: a maze with medkits and poison vials", single_head=True, shaping="gathering",
                  settings=dict(living_reward=0.01, death_penalty=0.0, episode_timeout=2100, render_hud=False,
