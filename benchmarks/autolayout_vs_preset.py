@@ -6,9 +6,9 @@
 
 First `python -m sf.autolayout --env ENV --minutes M` measures this machine and caches its layout (--use_cache: the
 cached one, if there is one). Then each round runs train.py twice for --seconds each (start-up included, the steady
-reports measured: sf.autolayout.steady_rate): with the preset's layout (configs/<family>.json; --num_workers = the
-cores) and with `--num_workers auto` (the cached layout), alternating which goes first. Flags after the script's own
-go to every run (e.g. --device cpu). The ratio is of the medians over rounds.
+reports measured: sf.autolayout.measure.steady_rate): with the preset's layout (configs/<family>.json; --num_workers =
+the cores) and with `--num_workers auto` (the cached layout), alternating which goes first. Flags after the script's
+own go to every run (e.g. --device cpu). The ratio is of the medians over rounds.
 """
 from __future__ import annotations
 

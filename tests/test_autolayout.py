@@ -1,125 +1,22 @@
-"""sf.autolayout: the cost model's choice (against an oracle that evaluates the documented formula by hand over every
-candidate), `train.py --num_workers auto` with a cached layout (flags given win), bad input as one line, and one run of
-`python -m sf.autolayout` end to end."""
+"""sf.autolayout's measuring, cache and command line: `train.py --num_workers auto` with a cached layout (flags given
+win), bad input as one line, one run of `python -m sf.autolayout` end to end, and what the measurements count and
+compute in (the cost model: tests/test_autolayout_model.py)."""
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import json
-import math
 import os
 import subprocess
 import sys
 
 import pytest
 
-from sf import autolayout as al
+from sf.autolayout.__main__ import main
+from sf.autolayout.cache import cache_path
+from sf.autolayout.measure import measure_envs, resolve_auto, synthetic_batch
+from sf.autolayout.model import LAYOUT_KEYS
 from sf.cfg import ConfigError, parse_cfg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def synthetic(**kw) -> al.Measurements:
-    """Measurements given at every point the candidates use (envs per worker 1..64, rows 1..128), so that the
-    interpolation is exact and the oracle reads the tables directly."""
-    env = kw.pop("env", lambda e: 2e-4)
-    fwd = kw.pop("fwd", lambda b: 2e-3 + 1e-5 * b)
-    base = dict(cores=2, env={e: env(e) for e in range(1, 65)}, step=1e-5, msg=1e-4, call=3e-4,
-                fwd={b: fwd(b) for b in range(1, 129)}, learn={"256/1": 1e-4, "256/2": 6e-5}, rollout=16,
-                batch_size=256)
-    base.update(kw)
-    return al.Measurements(**base)
-
-
-def oracle(m: al.Measurements, preset: al.Layout, max_lag: float = 10.0):
-    """The module docstring's cost model and choice rule, written out by hand over the documented candidate grid."""
-    def model(W, E, S, P, th, B):
-        A = m.agents
-        g = E / S * A
-        b = g * math.ceil(W / P)
-        env, fwd, learn = m.env[E] / A, m.fwd[int(b)], m.learn[f"{B}/{th}"]
-        c = (env + m.step + m.msg / g) + ((fwd * m.policy_threads + m.call) / b + m.msg / g) + learn * th
-        wait = max(0.0, fwd + m.call + m.msg - (S - 1) * g * (env + m.step))
-        rnd = S * (g * (env + m.step) + m.msg + wait)
-        sampler = min(W * E * A / rnd, P * b / (fwd + m.call))
-        learner = 1 / learn
-        fps = min(sampler, learner, m.cores / c) * m.frameskip
-        per_batch = B * m.num_batches_per_epoch
-        lag = (W * E * A * m.rollout / 2 / per_batch + 0.5 + (learner <= sampler)) * m.num_batches_per_epoch * \
-            m.num_epochs
-        return fps, lag
-
-    bound = max(max_lag, model(*preset.__dict__.values())[1])
-    grid = []
-    for W, S, E, P, th in itertools.product(range(1, 2 * m.cores + 1), (2, 4), al.ENVS_PER_WORKER, (1, 2),
-                                            sorted({1, m.cores})):
-        if E % S == 0 and E <= max(8, 2 * preset.num_envs_per_worker) and P <= W and \
-                W * E <= max(16, 2 * preset.num_workers * preset.num_envs_per_worker):
-            fps, lag = model(W, E, S, P, th, preset.batch_size)
-            if lag <= bound:
-                grid.append((fps, lag, (W, E, S, P, th)))
-    best = max(fps for fps, _, _ in grid)
-    near = [t for t in grid if t[0] >= 0.99 * best]
-    return min(near, key=lambda t: (t[2][0] + t[2][3], t[2][0] * t[2][1], t[1], t[2][4], -t[0]))
-
-
-PRESET = al.Layout(num_workers=2, num_envs_per_worker=4, worker_num_splits=2, policy_workers_per_policy=1,
-                   learner_torch_threads=2, batch_size=256)
-CASES = {
-    # the forward's per-call cost dominates: the most rows per call win, until the lag bound (long rollouts, small
-    # batches, two epochs) cuts the envs in flight
-    "forward-bound, lag-limited": synthetic(rollout=64, batch_size=64, num_epochs=2, learn={"64/1": 1e-4, "64/2": 6e-5},
-                                            fwd=lambda b: 5e-3 + 1e-5 * b),
-    # a slow simulator: every core to the envs, the forward small beside it
-    "env-bound": synthetic(env=lambda e: 3e-3 * (1 + 0.01 * e), fwd=lambda b: 1e-4 + 2e-5 * b),
-    # an expensive learner: its threads matter (two threads are faster but take more CPU per sample)
-    "learner-bound": synthetic(learn={"256/1": 1e-3, "256/2": 6e-4}, env=lambda e: 1e-4),
-}
-
-
-@pytest.mark.parametrize("name", list(CASES))
-def test_cost_model_choice_matches_hand_oracle(name):
-    m = CASES[name]
-    preset = dataclasses.replace(PRESET, batch_size=m.batch_size)
-    lay, pred, _ = al.choose(m, preset)
-    fps, lag, want = oracle(m, preset)
-    got = (lay.num_workers, lay.num_envs_per_worker, lay.worker_num_splits, lay.policy_workers_per_policy,
-           lay.learner_torch_threads)
-    assert got == want, (name, got, want)
-    assert pred["frames_per_s"] == pytest.approx(fps) and pred["lag"] == pytest.approx(lag)
-
-
-def test_cost_model_terms_by_hand():
-    """One layout's prediction, computed by hand: W=2 workers x E=8 envs in S=2 splits, P=1, 1 learner thread."""
-    m = synthetic()
-    p = al.predict(al.Layout(2, 8, 2, 1, 1, 256), m)
-    # g = 4 rows per split, b = 8 rows per call; fwd(8) = 2.08 ms, 0.3 ms per call beside it
-    assert p["rows_per_forward"] == 8
-    worker = 2e-4 + 1e-5 + 1e-4 / 4  # 0.235 ms
-    policy = (2.08e-3 + 3e-4) / 8 + 1e-4 / 4  # 0.3225 ms
-    assert p["cpu_per_sample"]["rollout_worker"] == pytest.approx(worker)
-    assert p["cpu_per_sample"]["policy_worker"] == pytest.approx(policy)
-    cores = 2 / (worker + policy + 1e-4)
-    wait = 2.08e-3 + 3e-4 + 1e-4 - 1 * 4 * (2e-4 + 1e-5)  # the forward outlasts stepping the other split
-    rollout_cap = 2 * 8 / (2 * (4 * 2.1e-4 + 1e-4 + wait))
-    sampler = min(rollout_cap, 1 * 8 / 2.38e-3)
-    assert p["sampler"] == pytest.approx(sampler) and p["learner"] == pytest.approx(1e4)
-    assert p["frames_per_s"] == pytest.approx(min(sampler, 1e4, cores))
-    assert p["lag"] == pytest.approx(2 * 8 * 16 / 2 / 256 + 0.5)  # the sampler is the bottleneck: no batch waits
-
-
-def test_lag_bound_and_fixed_flags():
-    m = CASES["forward-bound, lag-limited"]
-    preset = dataclasses.replace(PRESET, batch_size=64)
-    unbounded, _, _ = al.choose(m, preset, max_lag=1e9)
-    bounded, pred, bound = al.choose(m, preset)
-    assert al.predict(unbounded, m)["lag"] > bound >= pred["lag"]  # the bound changed the choice
-    lay, _, _ = al.choose(m, preset, fixed={"num_envs_per_worker": 6, "policy_workers_per_policy": 2})
-    assert (lay.num_envs_per_worker, lay.policy_workers_per_policy) == (6, 2)
-    lay, _, _ = al.choose(m, preset, fixed={"num_workers": 7, "num_envs_per_worker": 5})  # outside the search's grid
-    assert (lay.num_workers, lay.num_envs_per_worker, lay.worker_num_splits) == (7, 5, 1)  # the only S dividing 5
-    assert lay.batch_size == 64  # never changed unless tuned
-    assert {c.batch_size for c in al.candidates(m, preset, {}, True)} == {64, 128}  # 32: not a whole trajectory
 
 
 # --- train.py --num_workers auto ---------------------------------------------------------------------------------
@@ -130,7 +27,7 @@ CHOICE = {"num_workers": 3, "num_envs_per_worker": 6, "worker_num_splits": 3, "p
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    path = al.cache_path("test_image")
+    path = cache_path("test_image")
     path.parent.mkdir(parents=True)
     return path
 
@@ -142,7 +39,7 @@ def write_cache(path, **extra):
 
 def auto_cfg(tmp_path, *flags):
     return parse_cfg(["--env", "test_image", "--train_dir", str(tmp_path / "td"), "--num_workers", "auto", *flags],
-                     auto_layout=al.resolve_auto)
+                     auto_layout=resolve_auto)
 
 
 def test_num_workers_auto_applies_the_cached_layout(tmp_path, cache):
@@ -199,7 +96,7 @@ def test_num_workers_auto_bad_input(tmp_path, cache):
 ])
 def test_autolayout_bad_input_one_line(argv, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert al.main(argv) == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err and err.startswith("python -m sf.autolayout: error: ")
     assert not (tmp_path / "cache").exists()
@@ -220,11 +117,11 @@ def test_autolayout_end_to_end(tmp_path, monkeypatch):
     files = list((tmp_path / "cache" / "sf" / "autolayout").glob("test_image-*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())
-    assert set(al.LAYOUT_KEYS) <= set(data["choice"]) and data["check"]["rc"] == 0
+    assert set(LAYOUT_KEYS) <= set(data["choice"]) and data["check"]["rc"] == 0
     assert data["predicted"]["frames_per_s"] > 0
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = auto_cfg(tmp_path)
-    assert {k: getattr(cfg, k) for k in al.LAYOUT_KEYS} == {k: data["choice"][k] for k in al.LAYOUT_KEYS}
+    assert {k: getattr(cfg, k) for k in LAYOUT_KEYS} == {k: data["choice"][k] for k in LAYOUT_KEYS}
 
 
 def test_measured_episode_ends_and_the_runs_precision():
@@ -236,14 +133,14 @@ def test_measured_episode_ends_and_the_runs_precision():
     cfg = parse_cfg(["--env", "test_image", "--device", "cpu", "--train_dir", "/tmp/unused"])
     envs = [make_env(cfg, env_index=i) for i in range(2)]
     try:
-        times, rate = al.measure_envs(envs, [1, 2], 0.05, multiagent=False)
+        times, rate = measure_envs(envs, [1, 2], 0.05, multiagent=False)
     finally:
         for e in envs:
             e.close()
     assert set(times) == {1, 2} and all(t > 0 for t in times.values())
     assert abs(rate - 1 / 16) < 0.01
     model = create_actor_critic(cfg, envs[0].observation_space, envs[0].action_space)
-    batch = al.synthetic_batch(model, envs[0].observation_space, envs[0].action_space, 64, 32, "cpu", done_rate=0.25)
+    batch = synthetic_batch(model, envs[0].observation_space, envs[0].action_space, 64, 32, "cpu", done_rate=0.25)
     assert abs(float(batch["dones"].float().mean()) - 0.25) < 0.05
     for precision, mode in (("auto", "async"), ("bfloat16", "async"), ("auto", "hts")):
         c = parse_cfg(["--env", "test_image", "--device", "cpu", "--precision", precision, "--sync_mode", mode,

@@ -190,8 +190,8 @@ def test_export_writes_the_onnx_file(trained):
 
 # train.py with its quick measurement shortened from 40 s: the path (train.py's measuring child, the model on the
 # device, the layout cached and applied) is what is tested here, not the measurement's quality
-AUTO_TRAIN = ("import sys; import sf.autolayout; sf.autolayout.QUICK_SECONDS = 8.0; from sf.train import main; "
-              "sys.exit(main(prog='train.py'))")
+AUTO_TRAIN = ("import sys; import sf.autolayout.measure; sf.autolayout.measure.QUICK_SECONDS = 8.0; "
+              "from sf.train import main; sys.exit(main(prog='train.py'))")
 
 
 @pytest.mark.any_device
