@@ -36,8 +36,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from sf.cfg import ConfigError, OneLineArgumentParser, RunError, run_guarded
-from sf.export import add_experiment_arguments
+from sf.cfg import ConfigError, OneLineArgumentParser, RunError, all_params, run_guarded
+from sf.cfg.parse import _preset_values, read_json_object
+from sf.cfg.validate import from_file
+from sf.eval import summarize
+from sf.export import add_experiment_arguments, experiment_cfg, experiment_path
+from sf.plot import run_plot, split_policies
+from sf.utils.events import drop_orphans, event_files, read_scalar_events
 from sf.utils.files import write_text_atomic
 
 ALGO = "APPO"
@@ -54,11 +59,8 @@ def train_command(saved: dict) -> list[str]:
     """The train.py command line that resolves to the configuration `saved` (a config.json): --env, --experiment and
     --train_dir, every train-mode parameter whose value differs from the table default with the env's preset over it,
     and always the seed and the worker counts (their defaults depend on the machine)."""
-    from sf.cfg import all_params
-    from sf.cfg.parse import _preset_values  # what parse_cfg starts from: the table defaults, the env's preset over them
-    from sf.cfg.validate import from_file
     params = {p.name: p for p in all_params()}
-    base = _preset_values(saved["env"], params)
+    base = _preset_values(saved["env"], params)  # what parse_cfg starts from: the table defaults, the preset over them
     always = {"seed", "num_workers", "num_envs_per_worker"}
     args = ["--env", saved["env"], "--experiment", saved["experiment"], "--train_dir", saved["train_dir"]]
     for name, p in params.items():
@@ -77,7 +79,7 @@ def _flag_text(v) -> str:
 
 def frames_trained(exp_dir: Path, num_policies: int) -> dict[int, tuple[int, int]]:
     """policy -> (env frames, policy version) of its latest verified checkpoint; ConfigError when a policy has none."""
-    from sf.learning.checkpoint import REGULAR_NAME_RE, CheckpointError
+    from sf.learning.checkpoint import REGULAR_NAME_RE, CheckpointError  # (torch: 2 s that --help does without)
     from sf.learning.checkpoint_store import CheckpointManager
     out = {}
     for p in range(num_policies):
@@ -96,7 +98,6 @@ def frames_trained(exp_dir: Path, num_policies: int) -> dict[int, tuple[int, int
 def training_rewards(exp_dir: Path) -> dict[str, tuple[float, float, int]]:
     """Series label ('' or 'p{i}' in a population) -> (final, best, points) of the average episode reward during
     training (reward/reward of the event files, orphans of a resumed run dropped); {} without event files."""
-    from sf.plot import drop_orphans, event_files, read_scalar_events, split_policies
     if not event_files(exp_dir):
         return {}
     out = {}
@@ -111,7 +112,6 @@ def evaluations(exp_dir: Path) -> list[tuple[str, str, int, float, float, float,
     """[(file name, policy, episodes, mean return, sample std, 95% CI low, high)] per eval CSV (name order) and
     policy, summarized as python -m sf.eval does (Student's t; NaN std and CI for one episode). ConfigError naming the
     file when it has no 'return' column or a return is not a number."""
-    from sf.eval import summarize
     rows = []
     for path in sorted(exp_dir.glob(EVAL_GLOB)):
         try:
@@ -256,9 +256,6 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def run_card(args: argparse.Namespace, prog: str) -> Path:
     """Checks the experiment (ConfigError), draws the curves, writes EXP/README.md; returns its path."""
-    from sf.cfg.parse import read_json_object
-    from sf.export import experiment_cfg, experiment_path
-    from sf.plot import event_files, run_plot
     exp_dir = experiment_path(args.experiment, args.train_dir)
     cfg = experiment_cfg(exp_dir, prog)
     saved = read_json_object(exp_dir / "config.json", str(exp_dir / "config.json"))

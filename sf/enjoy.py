@@ -1,8 +1,8 @@
 """enjoy.py's body: run a trained policy, show it or record it, report episode rewards.
 
 Loads the experiment's saved configuration (command-line flags override it; the device is this machine's: --device,
-else auto) and its latest or best checkpoint onto that device; carries the recurrent state across steps and resets it
-between episodes.
+else auto) and its latest or best checkpoint onto that device (sf/policy_loading.py); carries the recurrent state
+across steps and resets it between episodes.
 
 A population (--num_policies N in the saved configuration) plays a match between the policies of --policy_index: agent a
 of a multi-agent env (doom_duel, test_race) is played by the a-th of them (cycling through the list), a single-agent env
@@ -27,44 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from sf.cfg import ConfigError, RunError, cli_main, experiment_dir, resolve_device
+from sf.policy_loading import check_experiment_dir, load_policy, open_env
 from sf.utils.files import replace_durably
+from sf_envs.registry import env_spec
 
-# torch, the model and the envs are imported where used: `--help` and bad flags answer at once.
+# torch is imported where used: `--help` and bad flags answer at once.
 
 NATIVE_FPS = {"doom": 35, "atari": 60, "dmlab": 60}
-
-
-def _check_experiment_dir(cfg) -> Path:
-    exp_dir = experiment_dir(cfg)
-    try:
-        if exp_dir.is_dir():
-            return exp_dir
-        what = "is not a directory" if os.path.lexists(exp_dir) else "does not exist"  # a file, a dangling link
-    except OSError as e:
-        raise RunError(f"cannot read {exp_dir}: {e.strerror or e}") from None
-    raise ConfigError(f"experiment directory {exp_dir} {what} (check --experiment and --train_dir)")
-
-
-def load_policy(cfg, obs_space, action_space, device, policy_id: int = 0):
-    """Model with policy `policy_id`'s requested checkpoint's weights; one-line ConfigError for every user-side
-    problem."""
-    from sf.learning.learner import checkpoint_meta
-    from sf.model.actor_critic import create_actor_critic
-    from sf.learning.checkpoint import CheckpointError, check_compatible, load_into
-    from sf.learning.checkpoint_store import CheckpointManager
-    exp_dir = _check_experiment_dir(cfg)
-    model = create_actor_critic(cfg, obs_space, action_space).to(device).eval()
-    try:
-        ckpt_dir = exp_dir / f"checkpoint_p{policy_id}"
-        state = CheckpointManager(exp_dir, policy_id=policy_id, read_only=True).load(  # a live run's files: read only
-            cfg.load_checkpoint_kind, map_location=device)
-        if state is None:
-            raise ConfigError(f"no {cfg.load_checkpoint_kind} checkpoint in {ckpt_dir}; train first")
-        check_compatible(state["meta"], checkpoint_meta(cfg, obs_space, action_space, model), state.get("path", ckpt_dir))
-        load_into(model, None, state)
-    except CheckpointError as e:
-        raise ConfigError(str(e)) from None
-    return model, state
 
 
 def _render_mode(cfg) -> str | None:
@@ -284,12 +253,11 @@ class VideoWriter:
 
 def run_enjoy(cfg) -> int:
     import torch
-    from sf_envs.registry import env_spec
     for note in getattr(cfg, "_notes", []):  # e.g. Sample Factory flags that mean nothing here
         print(note)
     device = torch.device(resolve_device(cfg))
     spec = env_spec(cfg.env, cfg)
-    _check_experiment_dir(cfg)
+    check_experiment_dir(cfg)
     fps = cfg.fps or NATIVE_FPS.get(spec.family, 30) / spec.frameskip
     video = None
     if cfg.save_video:  # a bad path fails here, before the env starts and the episodes run
@@ -326,15 +294,6 @@ def check_policy_index(cfg) -> None:
         have = "policy 0" if cfg.num_policies == 1 else f"policies 0-{cfg.num_policies - 1}"
         raise ConfigError(f"--policy_index {' '.join(map(str, cfg.policy_index))}: the experiment has {have} "
                           f"(--num_policies {cfg.num_policies})")
-
-
-def open_env(cfg, render_mode: str | None = None):
-    """The experiment's env (env_index 0); a missing package or scenario file is a one-line ConfigError."""
-    from sf_envs.registry import make_env
-    try:
-        return make_env(cfg, env_index=0, render_mode=render_mode)
-    except (ImportError, FileNotFoundError, ValueError) as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
 
 
 def _play(cfg, spec, device, video):

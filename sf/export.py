@@ -5,8 +5,8 @@
 EXP is the experiment directory that train.py wrote (train_dir/<experiment>), or with --train_dir the experiment's
 name in DIR. Writes EXP/export/policy_p{N}.onnx for policy N, or for every policy of a population (--num_policies > 1)
 without --policy, from the policy's best checkpoint when it has one, else its latest (--checkpoint picks one kind).
-The model is rebuilt and loaded as enjoy does (sf.enjoy.load_policy: the saved config.json, the checkpoint checked
-against it) and traced through its own `forward_step`, so the graph computes what the policy workers compute.
+The model is rebuilt and loaded as enjoy does (sf.policy_loading.load_policy: the saved config.json, the checkpoint
+checked against it) and traced through its own `forward_step`, so the graph computes what the policy workers compute.
 
 The graph (opset 17, every batch dimension B dynamic):
     inputs   one per observation key, named by the key ("obs", "measurements", ...): [B, *shape] in the env's dtype
@@ -42,9 +42,12 @@ from pathlib import Path
 import numpy as np
 
 from sf.cfg import ConfigError, OneLineArgumentParser, RunError, parse_cfg, run_guarded
+from sf.cfg.parse import read_json_object
+from sf.policy_loading import load_policy, open_env
 from sf.utils.files import one_line, write_bytes_atomic
+from sf_envs.registry import UnknownEnvError, env_spec
 
-# torch, onnx and the envs are imported where used: --help and bad input answer at once.
+# torch and onnx are imported where used: --help and bad input answer at once.
 
 OPSET = 17
 EXPORT_DIR = "export"
@@ -77,8 +80,6 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
 def experiment_env(exp_dir: Path) -> str:
     """The env the experiment in exp_dir trained on (its config.json). One-line ConfigError when exp_dir is not an
     experiment directory that train.py wrote, or its env is not one this installation knows."""
-    from sf.cfg.parse import read_json_object
-    from sf_envs.registry import UnknownEnvError, env_spec
     saved = exp_dir / "config.json"
     if not saved.is_file():
         raise ConfigError(f"{exp_dir} is not an experiment directory (no config.json); give a directory that train.py "
@@ -103,7 +104,7 @@ def checkpoint_kind(exp_dir: Path, policy_id: int, kind: str | None) -> str:
     """`kind` when given, else "best" when the policy has a best checkpoint, else "latest"."""
     if kind is not None:
         return kind
-    from sf.learning.checkpoint import CheckpointError
+    from sf.learning.checkpoint import CheckpointError  # (imports torch)
     from sf.learning.checkpoint_store import CheckpointManager
     try:
         return "best" if CheckpointManager(exp_dir, policy_id=policy_id, read_only=True).best() else "latest"
@@ -248,7 +249,6 @@ def run_export(args: argparse.Namespace, prog: str) -> list[Path]:
     except ImportError as e:
         raise ConfigError(f"ONNX export needs the packages onnx and onnxruntime ({e}): pip install -e .[export]") from None
     import torch
-    from sf.enjoy import load_policy, open_env
 
     env = open_env(cfg)
     try:

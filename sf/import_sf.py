@@ -43,10 +43,17 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from sf.cfg import ConfigError, OneLineArgumentParser, RunError, parse_cfg, run_guarded, save_cfg
-from sf.utils.files import fsync_dir, one_line
+from sf.cfg import (ConfigError, OneLineArgumentParser, RunError, all_params, default_cfg, parse_cfg, run_guarded,
+                    save_cfg, validate_experiment_name, validate_train_dir)
+from sf.cfg.parse import read_json_object
+from sf.cfg.sf_compat import SF_FLAGS
+from sf.cfg.sf_flag_list import SF_2_1_1_FLAGS
+from sf.policy_loading import open_env
+from sf.utils.files import fsync_dir, one_line, temp_path
+from sf_envs.registry import env_spec
 
-# torch, the model and the envs are imported where used: --help and bad input answer at once.
+# torch and what imports it (the model, the learner, the checkpoint code) are imported where used: --help and bad
+# input answer at once.
 
 # Keys of Sample Factory's config.json that describe the host or the run, not the experiment.
 HOST_KEYS = frozenset({"device", "train_dir", "experiment", "experiments_root", "restart_behavior", "command_line",
@@ -66,7 +73,6 @@ class Entry(NamedTuple):
 # --- Sample Factory's experiment directory ---------------------------------------------------------------------------
 def read_sf_config(sf_dir: Path) -> dict:
     """Its config.json; one-line ConfigError unless `sf_dir` is a directory holding one (a JSON object)."""
-    from sf.cfg.parse import read_json_object
     try:
         if not sf_dir.is_dir():
             what = "is not a directory" if os.path.lexists(sf_dir) else "does not exist"
@@ -90,9 +96,6 @@ def _flag_args(key: str, value: Any) -> list[str]:
 def config_argv(sf_cfg: dict, shown: str) -> list[str]:
     """The flags of Sample Factory's configuration `sf_cfg` (see the module docstring). ConfigError naming every key
     that is not one of Sample Factory 2.1.1's flags (nothing here could honour it)."""
-    from sf.cfg.params import all_params
-    from sf.cfg.sf_compat import SF_FLAGS
-    from sf.cfg.sf_flag_list import SF_2_1_1_FLAGS
     evaluation = {p.name for p in all_params() if p.scope == "enjoy"} | {f.name for f in SF_FLAGS if f.scope == "enjoy"}
     unknown = [k for k in sf_cfg if k not in SF_2_1_1_FLAGS and k not in HOST_KEYS]
     if unknown:
@@ -113,7 +116,6 @@ def config_argv(sf_cfg: dict, shown: str) -> list[str]:
 def resolve_cfg(sf_cfg: dict, shown: str, experiment: str, train_dir: str, prog: str):
     """Our configuration of the experiment (ConfigError naming the config.json for anything refused) and the env's
     (observation space, action space)."""
-    from sf.enjoy import open_env
     argv = config_argv(sf_cfg, shown) + ["--experiment", experiment, "--train_dir", train_dir]
 
     def parse(extra):
@@ -393,8 +395,6 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def run_import(args: argparse.Namespace, prog: str) -> Path:
     """Checks and converts everything (ConfigError), then writes the experiment; returns its directory."""
-    from sf.cfg import default_cfg, validate_experiment_name, validate_train_dir
-    from sf_envs.registry import env_spec
     train_dir = args.train_dir if args.train_dir is not None else default_cfg().train_dir
     validate_train_dir(train_dir)
     validate_experiment_name(args.experiment)
@@ -435,7 +435,6 @@ def write_experiment(cfg, exp_dir: Path, states: list[dict]) -> None:
     the experiment appears whole or not at all."""
     from sf.learning.checkpoint import CheckpointError
     from sf.learning.checkpoint_store import CheckpointManager
-    from sf.utils.files import temp_path
     tmp = temp_path(exp_dir)
     try:
         exp_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -15,14 +15,14 @@ A sweep (python -m sf.launch) is drawn as one line per configuration: the mean o
 curves, with a band from their minimum to their maximum, over the frames every run has reached (`sweep_bands`); the
 PNG goes to train_dir/<sweep>/learning_curves.png by default.
 
-Event files are read with TensorBoard's own reader (tensorboard.backend.event_processing.event_file_loader), file by
-file in name order (= creation order); `read_scalar_events` is also what sf.runner.stats.read_event_scalars returns.
+Event files are read by sf/utils/events.py (TensorBoard's own reader, file by file in name order = creation order).
 Bad input (an experiment directory that does not exist or holds no event files, an --out whose directory does not
 exist, a flag out of range) is one line on stderr and exit code 2; an I/O failure one line and exit code 1.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -32,12 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from sf.cfg import ConfigError, OneLineArgumentParser, RunError, run_guarded
+from sf.launch.state import LAUNCH_DIR, SWEEP_JSON
+from sf.launch.sweep import load_sweep
+from sf.utils.events import EVENT_GLOB, drop_orphans, event_files, read_scalar_events
 from sf.utils.files import write_atomic
 
-# matplotlib and tensorboard are imported where used: importing this module (sf.runner.stats does, lazily) and
-# answering --help or bad input stay fast.
+# matplotlib is imported where used: answering --help or bad input stays fast.
 
-EVENT_GLOB = "events.out.tfevents.*"
 DEFAULT_OUT_NAME = "learning_curves.png"
 
 
@@ -69,52 +70,7 @@ class Series:
     y_smooth: np.ndarray
 
 
-# --- reading ---
-
-def event_files(exp_dir: Path) -> list[Path]:
-    """The TensorBoard event files directly in exp_dir, in name order: tensorboardX names them
-    events.out.tfevents.<unix time>.<host>, so a resumed run's newer file comes after the older one."""
-    return sorted(p for p in Path(exp_dir).glob(EVENT_GLOB) if p.is_file() and not p.name.endswith(".profile-empty"))
-
-
-def read_scalar_events(exp_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
-    """Reads every event file of exp_dir (`event_files`) with TensorBoard's reader and returns
-    tag -> [(step, wall_time, value)] for the scalar summaries, in file order (no sorting, no de-duplication).
-    A truncated last record (a run still writing) ends that file quietly, as in TensorBoard."""
-    # LegacyEventFileLoader yields the Event protos as written (what EventAccumulator reads scalars with);
-    # EventFileLoader would first rewrite simple_value into tensors for the plugin system.
-    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
-
-    scalars: dict[str, list[tuple[int, float, float]]] = {}
-    tensor_scalar_tags: set[str] = set()  # TF2-style writers mark the plugin only on a tag's first value
-    for path in event_files(exp_dir):
-        for event in LegacyEventFileLoader(str(path)).Load():
-            for v in event.summary.value:
-                kind = v.WhichOneof("value")
-                if kind == "simple_value":  # tensorboardX's add_scalar
-                    value = v.simple_value
-                elif kind == "tensor" and (v.tag in tensor_scalar_tags
-                                           or v.metadata.plugin_data.plugin_name == "scalars"):
-                    from tensorboard.util.tensor_util import make_ndarray
-                    tensor_scalar_tags.add(v.tag)
-                    value = float(make_ndarray(v.tensor))
-                else:
-                    continue  # images, histograms, text: not curves
-                scalars.setdefault(v.tag, []).append((event.step, event.wall_time, float(value)))
-    return scalars
-
-
-def drop_orphans(points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
-    """points [(step, wall_time, value)] in file order, without those a restart made orphans: when the step goes back
-    (a run resumed from a checkpoint older than its last summaries), the earlier points at or past that step are
-    dropped, as TensorBoard does (purge_orphaned_data). Equal steps are kept (train/policy_lag_batches repeats them)."""
-    kept: list[tuple[int, float, float]] = []
-    for p in points:
-        if kept and p[0] < kept[-1][0]:
-            kept = [q for q in kept if q[0] < p[0]]
-        kept.append(p)
-    return kept
-
+# --- the series ---
 
 def ema(values, weight: float) -> np.ndarray:
     """TensorBoard's smoothing of `values` with `weight` in [0, 1): last = last * weight + (1 - weight) * v, divided by
@@ -302,7 +258,7 @@ def render_sweep(bands: dict[str, list[Band]], unit: str, out: Path, title: str)
 def is_sweep(arg: Path) -> bool:
     """A sweep file (.py / .json) or a sweep's directory (<train_dir>/<sweep>, which holds the launcher's .launch/)."""
     try:
-        return (arg.is_file() and arg.suffix in (".py", ".json")) or (arg / ".launch").is_dir()
+        return (arg.is_file() and arg.suffix in (".py", ".json")) or (arg / LAUNCH_DIR).is_dir()
     except OSError:
         return False
 
@@ -310,17 +266,14 @@ def is_sweep(arg: Path) -> bool:
 def sweep_runs(arg: Path, train_dir: str | None) -> tuple[str, Path, list[tuple[str, str, Path]]]:
     """(sweep name, its directory, [(run name, configuration, experiment dir)]) of a sweep file (sf.launch's
     load_sweep) or a sweep's directory (the runs sf.launch recorded in .launch/sweep.json)."""
-    import json
-    from sf.launch.sweep import load_sweep
-
     if arg.is_file():
         sw = load_sweep(str(arg), train_dir, check=False)
         return sw.name, sw.train_dir, [(r.name, r.config, r.exp_dir) for r in sw.runs]
     try:
-        rec = json.loads((arg / ".launch" / "sweep.json").read_text())
+        rec = json.loads((arg / LAUNCH_DIR / SWEEP_JSON).read_text())
         runs = [(r["name"], r["config"], arg / r["name"]) for r in rec["runs"]]
     except (OSError, ValueError, KeyError, TypeError):
-        raise ConfigError(f"{arg}: .launch/sweep.json is missing or unreadable; give the sweep file instead "
+        raise ConfigError(f"{arg}: {LAUNCH_DIR}/{SWEEP_JSON} is missing or unreadable; give the sweep file instead "
                           f"(python -m sf.plot SWEEP.py --train_dir DIR)") from None
     return str(rec.get("name", arg.name)), arg, runs
 

@@ -7,38 +7,38 @@
 Families: doom_* (VizDoom), atari_<game> (ale-py), dmlab_<level> (DeepMind Lab), mujoco_* (gymnasium's MuJoCo
 envs), test_* (built-in, no package), gym:<id> or gym:<module>:<id> (any gymnasium env, adapted to the contract),
 pettingzoo_<env> (PettingZoo's multi-agent envs, sf_envs/pettingzoo) and whatever users add with register_env().
-Specs are built lazily per family: listing Doom envs imports nothing.
+Specs are built per family when first asked for. A family's integration module (doom_env.py, atari_env.py, ...: the
+face of its package, vizdoom, ale_py, ...) is imported where an env of the family is made or checked: listing envs
+loads none of them (nor cv2, psutil), and `python -m sf_envs.doom.fetch_scenarios` runs before doom_env imports it.
 """
 from __future__ import annotations
 
 import difflib
 import importlib
 import importlib.util
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
 import gymnasium as gym
 
+from sf_envs.atari.games import atari_games
+from sf_envs.dmlab.levels import DMLAB_ENVS
+from sf_envs.doom.engine_shm import engine_shm_files, remove_stale_engine_files
+from sf_envs.doom.scenarios import ALL_SCENARIOS
+from sf_envs.episode_stats import EpisodeStatistics
 from sf_envs.errors import EnvUnavailableError, UnknownEnvError
+from sf_envs.gym_env import adapt_env, make_gym_env
+from sf_envs.mujoco.envs import MUJOCO_ENVS
 from sf_envs.params import get_param
+from sf_envs.pettingzoo import pettingzoo_spec
+from sf_envs.spec import EnvSpec
+from sf_envs.test_envs import TEST_ENVS
 
-__all__ = ["EnvSpec", "UnknownEnvError", "EnvUnavailableError", "env_spec", "env_names", "make_env", "register_env",
+__all__ = ["UnknownEnvError", "EnvUnavailableError", "env_spec", "env_names", "make_env", "register_env",
            "unregister_env", "check_env_available", "process_leftover_files", "register_leftover_files"]
 
 FAMILIES_WITH_FRAMESKIP = ("doom", "atari", "dmlab")
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    name: str
-    family: str  # doom | atari | dmlab | gym | test | a user's family
-    frameskip: int = 1  # env frames per sample
-    gamma: Optional[float] = None  # discount hint when the family's usual one does not fit (duel/deathmatch: 0.995)
-    description: str = ""
-    num_agents: int = 1  # agents per env instance (every built-in env has one)
-    factory: Optional[Callable] = field(default=None, repr=False, compare=False)  # factory(cfg, env_index, render_mode)
-    check: Optional[Callable] = field(default=None, repr=False, compare=False)  # check(cfg): raises EnvUnavailableError
 
 
 _USER: dict[str, EnvSpec] = {}
@@ -47,8 +47,6 @@ _FAMILY_CACHE: dict[str, dict[str, EnvSpec]] = {}
 
 # --- built-in families ----------------------------------------------------------------------------
 def _doom_specs() -> dict[str, EnvSpec]:
-    from sf_envs.doom.scenarios import ALL_SCENARIOS
-
     def factory_for(sc):
         def factory(cfg, env_index=0, render_mode=None):
             if sc.num_agents > 1:  # a multiplayer match: one engine per learning agent
@@ -69,8 +67,6 @@ def _doom_specs() -> dict[str, EnvSpec]:
 
 
 def _atari_specs() -> dict[str, EnvSpec]:
-    from sf_envs.atari.games import atari_games
-
     def factory_for(game):
         def factory(cfg, env_index=0, render_mode=None):
             from sf_envs.atari.atari_env import AtariEnv
@@ -86,8 +82,6 @@ def _atari_specs() -> dict[str, EnvSpec]:
 
 
 def _dmlab_specs() -> dict[str, EnvSpec]:
-    from sf_envs.dmlab.levels import DMLAB_ENVS
-
     def factory_for(name):
         def factory(cfg, env_index=0, render_mode=None):
             from sf_envs.dmlab.dmlab_env import make_dmlab_env
@@ -103,13 +97,10 @@ def _dmlab_specs() -> dict[str, EnvSpec]:
 
 
 def _test_specs() -> dict[str, EnvSpec]:
-    from sf_envs.test_envs import TEST_ENVS
-
     def factory_for(cls):
         def factory(cfg, env_index=0, render_mode=None):
             if getattr(cls, "NUM_AGENTS", 1) > 1:  # multi-agent: reports each agent's episodes itself
                 return cls(cfg, env_index, render_mode)
-            from sf_envs.episode_stats import EpisodeStatistics
             return EpisodeStatistics(cls(cfg, env_index, render_mode))  # info["episode"] (frameskip 1)
         return factory
 
@@ -119,8 +110,6 @@ def _test_specs() -> dict[str, EnvSpec]:
 
 
 def _mujoco_specs() -> dict[str, EnvSpec]:
-    from sf_envs.mujoco.envs import MUJOCO_ENVS  # (no mujoco import)
-
     def factory_for(name):
         def factory(cfg, env_index=0, render_mode=None):
             from sf_envs.mujoco.mujoco_env import make_mujoco_env
@@ -175,7 +164,6 @@ def _gym_spec(name: str) -> EnvSpec:
         raise UnknownEnvError(f"unknown gymnasium env id {short_id!r}{hint}")
 
     def factory(cfg, env_index=0, render_mode=None):
-        from sf_envs.gym_env import make_gym_env
         return make_gym_env(short_id, cfg, env_index, render_mode)
 
     return EnvSpec(name, "gym", 1, None, f"gymnasium env {short_id}", factory=factory)
@@ -211,7 +199,6 @@ def env_spec(name: str, cfg=None) -> EnvSpec:
     if not isinstance(name, str) or not name:
         raise UnknownEnvError(f"env name must be a non-empty string (got {name!r})")
     if name.startswith("pettingzoo_") and name not in _USER:  # open-ended; its agents depend on --pettingzoo_kwargs
-        from sf_envs.pettingzoo import pettingzoo_spec
         return pettingzoo_spec(name, cfg)
     spec = _lookup(name)
     if spec is None:
@@ -265,14 +252,12 @@ def make_env(cfg, env_index: int = 0, render_mode: Optional[str] = None) -> gym.
     spec = check_env_available(cfg)
     env = spec.factory(cfg, env_index, render_mode)
     if spec.name in _USER:  # users' envs: adapted to the contract (a no-op for envs that already follow it)
-        from sf_envs.gym_env import adapt_env
         env = adapt_env(env, cfg, env_index, spec.frameskip)
     return env
 
 
 # --- what a killed env process leaves behind ----------------------------------------------------------------------
 def _doom_leftovers(cmdline: list[str]) -> list[Path]:
-    from sf_envs.doom.engine_shm import engine_shm_files  # (no vizdoom import)
     return engine_shm_files(cmdline)
 
 
@@ -290,7 +275,6 @@ def remove_stale_leftovers(min_age: float = 300.0) -> tuple[int, int]:
     """Remove what env processes of earlier runs left behind when every process of their run was killed at once and
     nobody was left to remove it (VizDoom engines' shared memory: sf_envs.doom.engine_shm.stale_engine_files): files
     of this user, older than `min_age` seconds, that no live process uses. Returns (files removed, bytes freed)."""
-    from sf_envs.doom.engine_shm import remove_stale_engine_files  # (no vizdoom import)
     return remove_stale_engine_files(min_age)
 
 

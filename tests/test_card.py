@@ -37,7 +37,7 @@ def section(text: str, title: str) -> str:
 
 def test_card_of_a_run_not_evaluated(exp_dir, tmp_path):
     from sf.cfg import all_params, parse_cfg
-    from sf.plot import drop_orphans, read_scalar_events
+    from sf.utils.events import drop_orphans, read_scalar_events
     res = card(exp_dir.name, "--train_dir", exp_dir.parent)
     assert res.returncode == 0, res.stderr
     text = (exp_dir / "README.md").read_text()

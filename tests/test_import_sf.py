@@ -101,7 +101,7 @@ def imported(sf_runs, tmp_path_factory):
 def our_policy(exp_dir):
     """The env and our model of the imported experiment, loaded as enjoy.py loads it; the checkpoint's state."""
     import torch
-    from sf.enjoy import load_policy, open_env
+    from sf.policy_loading import load_policy, open_env
     from sf.export import experiment_cfg
     cfg = experiment_cfg(exp_dir, "test")
     env = open_env(cfg)
@@ -282,7 +282,7 @@ def test_population_imports_every_policy(tmp_path):
     """Several checkpoint_pN: each policy's newest checkpoint becomes ours (Sample Factory's names sort by version)."""
     import torch
     from sf.cfg import parse_cfg
-    from sf.enjoy import open_env
+    from sf.policy_loading import open_env
     from sf.import_sf import main
     from sf.model.actor_critic import create_actor_critic
     sf_cfg = {"env": "test_image", "use_rnn": False, "num_policies": 2, "normalize_input": False,

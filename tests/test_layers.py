@@ -1,6 +1,7 @@
 """The package's layers (docs/architecture.md, "Package layout"): a module imports only its own layer or lower ones,
 checked on the source of every module (imports inside functions included). The env integrations (sf_envs) are a
-package of their own that never imports the training system."""
+package of their own that never imports the training system. And no import circle, among sf's and sf_envs' modules,
+module-level and function-level imports alike."""
 import ast
 from pathlib import Path
 
@@ -15,6 +16,7 @@ LAYERS = [
     {"sf.model"},
     {"sf.buffers"},
     {"sf.learning", "sf.sampling", "sf.distributed"},
+    {"sf.policy_loading"},
     {"sf.runner", "sf.enjoy", "sf.train", "sf.plot", "sf.eval", "sf.export", "sf.card", "sf.import_sf",
      "sf.autolayout", "sf.launch"},
 ]
@@ -22,7 +24,7 @@ LAYERS = [
 SEPARATE = [{"sf.learning", "sf.sampling"}]
 # where a module may import the env integrations: where envs are made, listed or configured
 MAY_IMPORT_ENVS = {"sf.cfg", "sf.sampling", "sf.runner.runner", "sf.runner.preflight", "sf.runner.fork_server",
-                   "sf.enjoy", "sf.eval", "sf.export", "sf.import_sf", "sf.autolayout"}
+                   "sf.policy_loading", "sf.enjoy", "sf.eval", "sf.export", "sf.import_sf", "sf.autolayout.measure"}
 
 
 def unit(module: str) -> str:
@@ -56,9 +58,9 @@ def imports(path: Path, module: str) -> list[tuple[str, int]]:
     return out
 
 
-def modules(package: str):
-    for path in sorted((ROOT / package).rglob("*.py")):
-        rel = path.relative_to(ROOT).with_suffix("")
+def modules(package: str, root: Path = ROOT):
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("")
         parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
         yield ".".join(parts), path
 
@@ -97,3 +99,110 @@ def test_the_checker_sees_violations(tmp_path):
     bad.write_text("def f():\n    from sf.runner.runner import Runner\n")
     assert ("sf.runner.runner", 2) in imports(bad, "sf.learning.bad")
     assert layer_of("sf.runner.runner") > layer_of("sf.learning.bad")
+
+
+# --- import circles ---
+
+def _is_submodule(name: str, root: Path) -> bool:
+    """Whether the dotted `name` is a module file or package under root (an extension module included)."""
+    path = root / Path(*name.split("."))
+    return path.is_dir() or path.with_suffix(".py").is_file() or any(path.parent.glob(path.name + ".*.so"))
+
+
+def import_graph(packages=("sf", "sf_envs"), root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """module -> {module of the packages it imports: the line of the first such import}, every import statement of
+    its source (inside functions too). `import a.b` and `from a import b` (b a module) name a.b, `from a.b import
+    name` names a.b; importing a module runs the packages above it first, so they count too, except the importer's
+    own (already running when it runs)."""
+    known = {m: path for package in packages for m, path in modules(package, root)}
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in known.items():
+        is_package = path.name == "__init__.py"
+        own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1 + is_package)}
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [f"{node.module}.{a.name}" if _is_submodule(f"{node.module}.{a.name}", root)
+                         else node.module for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    target = ".".join(parts[:i])
+                    if target in known and target not in own and target != module:
+                        edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def import_circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One circle [m0, m1, ..., m0] per group of modules that import each other (a strongly connected component,
+    Tarjan's algorithm): the shortest one through the group's first module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                groups.append(set(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_shortest_circle(graph, group) for group in groups]
+
+
+def _shortest_circle(graph: dict[str, dict[str, int]], group: set[str]) -> list[str]:
+    start = min(group)
+    parent: dict[str, str] = {}  # w -> v: v imports w, on a shortest way from start (breadth first, within the group)
+    frontier = [start]
+    while start not in parent:
+        next_frontier = []
+        for v in frontier:
+            for w in sorted(graph[v]):
+                if w in group and w not in parent:
+                    parent[w] = v
+                    next_frontier.append(w)
+        frontier = next_frontier
+    path, v = [start], parent[start]
+    while v != start:
+        path.append(v)
+        v = parent[v]
+    return [start] + path[::-1]
+
+
+def test_no_import_circle():
+    graph = import_graph()
+    circles = [" -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(c, c[1:])) + f" -> {c[-1]}"
+               for c in import_circles(graph)]
+    assert not circles, "import circles (move the shared code into a module both can import):\n" + "\n".join(circles)
+
+
+def test_the_circle_checker_sees_function_level_circles(tmp_path):
+    """The checker itself: a circle closed by an import inside a function is found; a package importing its own
+    module, and a module importing a sibling through the package, are not circles."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from pkg.c import C\n")
+    (pkg / "a.py").write_text("import pkg.b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.a import g\n")
+    (pkg / "c.py").write_text("from pkg import d\nC = 1\n")
+    (pkg / "d.py").write_text("")
+    graph = import_graph(("pkg",), tmp_path)
+    assert graph["pkg.b"] == {"pkg.a": 2} and graph["pkg.c"] == {"pkg.d": 1}
+    assert import_circles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]

@@ -8,26 +8,18 @@ Ctrl-C / SIGTERM.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import math
 import sys
 
 from sf.cfg import OneLineArgumentParser, run_guarded
+from sf.launch import local, slurm, summary
+from sf.launch.state import LAUNCH_DIR, record_runs
 from sf.launch.sweep import DEFAULT_TRAIN_DIR, SweepError, load_sweep
 
 PROG = "python -m sf.launch"
 MAX_PARALLEL_LIMIT = 1024
 
 
-def _slurm_module():
-    """sf.launch.slurm when it is present (the Slurm backend), else None."""
-    if importlib.util.find_spec("sf.launch.slurm") is None:
-        return None
-    return importlib.import_module("sf.launch.slurm")
-
-
-def build_parser(slurm=None) -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog=PROG, allow_abbrev=False,
                                    description="Run a sweep of train.py experiments (seeds, hyperparameter grids): "
                                                "several at once on this machine's cores, or as Slurm jobs.")
@@ -48,8 +40,7 @@ def build_parser(slurm=None) -> argparse.ArgumentParser:
                         help="stop the sweep's runs (local: its launcher, which stops them with final checkpoints)")
     parser.add_argument("--train_dir", default=None,
                         help=f"root of the sweep's directory <train_dir>/<sweep name> (default: {DEFAULT_TRAIN_DIR})")
-    if slurm is not None:
-        slurm.add_arguments(parser)
+    slurm.add_arguments(parser)
     return parser
 
 
@@ -65,29 +56,12 @@ def max_parallel_value(text) -> int | None:
     return n
 
 
-def record_runs(sweep) -> None:
-    """<train_dir>/<sweep>/.launch/sweep.json: the runs and their configurations, for `python -m sf.plot` given the
-    sweep's directory."""
-    from sf.launch.local import LAUNCH_DIR
-    from sf.utils.files import write_json_atomic
-    (sweep.train_dir / LAUNCH_DIR).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(sweep.train_dir / LAUNCH_DIR / "sweep.json", {
-        "name": sweep.name, "path": str(sweep.path.resolve()) if sweep.path.exists() else str(sweep.path),
-        "runs": [{"name": r.name, "config": r.config, "seed": r.seed,
-                  "params": {k: v if isinstance(v, (str, int, bool, type(None))) or
-                             (isinstance(v, float) and math.isfinite(v)) else str(v) for k, v in r.params.items()}}
-                 for r in sweep.runs]})
-
-
-def run(args: argparse.Namespace, slurm) -> int:
+def run(args: argparse.Namespace) -> int:
     args.max_parallel = max_parallel_value(args.max_parallel)
     if args.cancel and (args.status or args.summary or args.dry_run):
         raise SweepError("--cancel goes alone (not with --status, --summary or --dry_run)")
-    if args.backend == "slurm" and slurm is None:
-        raise SweepError("--backend slurm: the Slurm backend (sf/launch/slurm.py) is not installed here")
     sweep = load_sweep(args.sweep, args.train_dir)
-    on_slurm = slurm is not None and (sweep.train_dir / ".launch" / "slurm.json").exists()
-    from sf.launch import local, summary
+    on_slurm = (sweep.train_dir / LAUNCH_DIR / slurm.SLURM_JSON).exists()
     if args.cancel:
         return slurm.cancel(sweep, args) if on_slurm else local.cancel(sweep)
     if args.status or args.summary:
@@ -110,8 +84,7 @@ def run(args: argparse.Namespace, slurm) -> int:
 
 def main(argv=None) -> int:
     def body() -> int:
-        slurm = _slurm_module()
-        return run(build_parser(slurm).parse_args(argv), slurm)
+        return run(build_parser().parse_args(argv))
 
     return run_guarded(PROG, body)
 

@@ -33,13 +33,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from sf.launch.state import LAUNCH_LOG, checkpoint_frames, last_line, process_start, read_launch, run_state, \
-    write_launch
+from sf.launch.state import LAUNCH_DIR, LAUNCH_LOG, checkpoint_frames, last_line, process_start, read_launch, \
+    run_state, write_launch
 from sf.launch.sweep import Run, Sweep, SweepError, train_command
-from sf.processes.control import StopRequests
+from sf.processes.control import StopRequests, die_with_parent
 from sf.utils.files import write_json_atomic
-
-LAUNCH_DIR = ".launch"
 
 
 def available_cores() -> list[int]:
@@ -70,7 +68,6 @@ def run_command(run: Run, share: list[int]) -> list[str]:
 def _child_setup(share: list[int]) -> None:
     """In the child before exec: its cores (inherited by all of train.py's processes), and SIGINT when the launcher
     dies, so that a killed launcher leaves no run behind (each stops with its final checkpoint)."""
-    from sf.processes.control import die_with_parent
     os.sched_setaffinity(0, share)
     die_with_parent(signal.SIGINT)
 

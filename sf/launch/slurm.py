@@ -39,11 +39,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-from sf.launch.state import LAUNCH_LOG, checkpoint_frames, read_launch, run_state, write_launch
+from sf.launch.state import LAUNCH_DIR, LAUNCH_LOG, checkpoint_frames, read_launch, record_runs, run_state, \
+    write_launch
+from sf.launch.summary import status_table
 from sf.launch.sweep import Run, Sweep, SweepError, train_command
 from sf.utils.files import one_line, write_json_atomic, write_text_atomic
 
-LAUNCH_DIR = ".launch"
 SLURM_JSON = "slurm.json"
 CLIENT_TIMEOUT_SEC = 60  # an sbatch/squeue that slurmctld does not answer within this is "not reachable"
 # Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; 0 / UNLIMITED / INFINITE
@@ -239,8 +240,6 @@ def _states(sweep: Sweep) -> list[tuple[Run, object, str, str]]:
 def status(sweep: Sweep, args=None, out=None) -> int:
     """Print each run's state (queued, running with frames and reward, done, failed with its last log line) as
     sf.launch.summary's table, then the Slurm task of each run that has one."""
-    from sf.launch.summary import status_table
-
     try:
         rows = _states(sweep)
     except SweepError as e:  # the files alone, then: a queued or running record may be stale
@@ -320,7 +319,6 @@ def launch(sweep: Sweep, args, out=None) -> int:
         print(f"# {shlex.join(cmd)}", file=out)
         print(f"{len(todo)} run(s) as one job array, {len(skipped)} skipped; nothing submitted (--dry_run)", file=out)
         return 0
-    from sf.launch.__main__ import record_runs
     record_runs(sweep)
     tasks = [{"name": r.name, "exp_dir": str(r.exp_dir.resolve()), "command": task_command(r, o),
               "env_vars": {str(k): str(v) for k, v in r.env_vars.items()}, "budget": r.budget,

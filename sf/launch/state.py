@@ -10,6 +10,9 @@ A run is done when its latest checkpoint reached its --train_for_env_steps (ever
 recorded that train.py exited 0 without being interrupted (e.g. --train_for_seconds ran out). A "running" record whose
 local process is gone (the launcher was killed) reads as interrupted. Without launch.json, a run with checkpoints is
 interrupted (started before, e.g. by hand) and one without is pending.
+
+The sweep as a whole: <train_dir>/<sweep>/.launch/ (LAUNCH_DIR), where the backends keep their records and
+record_runs the runs' configurations (sweep.json, which python -m sf.plot reads).
 """
 from __future__ import annotations
 
@@ -23,9 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from sf.utils.events import drop_orphans, event_files, read_scalar_events
 from sf.utils.files import write_json_atomic
 
 STATES = ("pending", "queued", "running", "done", "failed", "interrupted")
+LAUNCH_DIR = ".launch"  # <train_dir>/<sweep>/.launch/: what the backends keep of the sweep as a whole
+SWEEP_JSON = "sweep.json"  # in it: the runs and their configurations (record_runs), for python -m sf.plot
 LAUNCH_JSON = "launch.json"
 LAUNCH_LOG = "launch.log"
 REWARD_TAG = "reward/reward"
@@ -59,10 +65,22 @@ def write_launch(exp_dir: Path, **updates: Any) -> dict:
     return record
 
 
+def record_runs(sweep) -> None:
+    """<train_dir>/<sweep>/.launch/sweep.json: the runs and their configurations, for `python -m sf.plot` given the
+    sweep's directory."""
+    (sweep.train_dir / LAUNCH_DIR).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(sweep.train_dir / LAUNCH_DIR / SWEEP_JSON, {
+        "name": sweep.name, "path": str(sweep.path.resolve()) if sweep.path.exists() else str(sweep.path),
+        "runs": [{"name": r.name, "config": r.config, "seed": r.seed,
+                  "params": {k: v if isinstance(v, (str, int, bool, type(None))) or
+                             (isinstance(v, float) and math.isfinite(v)) else str(v) for k, v in r.params.items()}}
+                 for r in sweep.runs]})
+
+
 def checkpoint_frames(exp_dir: Path, num_policies: int = 1) -> int:
     """The env frames of the latest regular checkpoint, the least over the policies (0: none). Read from the file
     names (checkpoint_<version>_<frames>.pth), as the checkpoint store names them."""
-    from sf.learning.checkpoint import REGULAR_NAME_RE
+    from sf.learning.checkpoint import REGULAR_NAME_RE  # (torch: 2 s that --help and bad input do without)
 
     frames = []
     for p in range(num_policies):
@@ -78,8 +96,6 @@ def checkpoint_frames(exp_dir: Path, num_policies: int = 1) -> int:
 def reward_series(exp_dir: Path) -> list[tuple[int, float, float]]:
     """[(frames, wall time, average episode reward)] of the run's reward/reward summaries (policy 0's in a
     population), orphans of a resume dropped as TensorBoard does; [] without event files."""
-    from sf.plot import drop_orphans, event_files, read_scalar_events
-
     if not event_files(exp_dir):
         return []
     scalars = read_scalar_events(exp_dir)

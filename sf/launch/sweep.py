@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from sf.cfg import ConfigError, validate_experiment_name, validate_train_dir
+from sf.cfg import ConfigError, parse_cfg, validate_experiment_name, validate_train_dir
 from sf.launch.run_description import Experiment, ParamGrid, RunDescription
 from sf.utils.files import one_line
 
@@ -176,8 +176,6 @@ def runs_of(rd: Any, sweep_path: Path, train_dir: Path, pattern: Optional[str] =
 def check_runs(runs: list[Run], shown: str) -> None:
     """Every run's arguments through train.py's parser and checks (sf.cfg.parse_cfg: reads the preset and a saved
     config.json, writes nothing); fills each run's budget, num_policies and explicit. SweepError names run and flag."""
-    from sf.cfg import parse_cfg
-
     for r in runs:
         try:
             cfg = parse_cfg(r.argv, mode="train", prog="train.py")

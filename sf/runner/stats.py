@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from sf.utils.events import read_scalar_events
+
 FPS_WINDOWS = (10, 60, 300)
 TRAIN_KEYS = ("policy_loss", "value_loss", "exploration_loss", "kl_loss", "entropy", "kl_divergence", "clip_fraction",
               "grad_norm", "lr", "masked_fraction")
@@ -253,7 +255,5 @@ def format_duration(seconds: float) -> str:
 
 def read_event_scalars(exp_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """tag -> [(step, value)] from the TensorBoard event files in exp_dir, in file order (for tests and benchmark
-    scripts). Read with TensorBoard's own reader: sf.plot.read_scalar_events, less the wall times."""
-    from sf.plot import read_scalar_events  # imported here: tensorboard is needed only to read, not to train
-
+    scripts). Read with TensorBoard's own reader: sf.utils.events.read_scalar_events, less the wall times."""
     return {tag: [(step, value) for step, _, value in points] for tag, points in read_scalar_events(exp_dir).items()}

@@ -48,6 +48,7 @@ from sf_envs.episode_stats import episode_report
 from sf_envs.errors import EnvUnavailableError, UnknownEnvError
 from sf_envs.gym_env import _action_converter, _obs_converter
 from sf_envs.params import get_param
+from sf_envs.spec import EnvSpec
 from sf_envs.utils import cfg_seed, derive_seed, single_threaded
 
 PREFIX = "pettingzoo_"
@@ -173,14 +174,13 @@ def _construct(family: str, where: str, name: str, kwargs: dict, render_mode: Op
                                   f"{json.dumps(kwargs)}: {msg}") from None
 
 
-_SPECS: dict[tuple[str, str], object] = {}
+_SPECS: dict[tuple[str, str], EnvSpec] = {}
 
 
-def pettingzoo_spec(name: str, cfg=None):
+def pettingzoo_spec(name: str, cfg=None) -> EnvSpec:
     """The EnvSpec of pettingzoo_<env> (family "pettingzoo", frameskip 1): num_agents is the env's possible_agents
     with cfg's --pettingzoo_kwargs (an env is made once per name and kwargs to count them). An env that cannot be made
     gets num_agents 1 here; make_env then raises its one-line error."""
-    from sf_envs.registry import EnvSpec
     family, where = _resolve(name)
     text = get_param(cfg, "pettingzoo_kwargs") or ""
     key = (name, text)
