@@ -6,10 +6,11 @@ its confidence interval per policy.
     python -m sf.eval NAME --train_dir DIR --episodes 1000
 
 The episodes run on the processes of training's sampler (rollout workers and policy workers, started, supervised and
-stopped by the runner's lifecycle: a first Ctrl-C stops every process and writes nothing, a second one kills them at
-once) without its learners: each policy's weights come from its checkpoint (enjoy.py's load_policy) and are published
-once into the shared weights. The layout defaults to the experiment's (config.json); the model, env and its
-parameters are the experiment's; the device is this machine's (--device, else auto).
+stopped by the runner's lifecycle, sf/runner/evaluator.py: a first Ctrl-C stops every process and writes nothing, a
+second one kills them at once) without its learners: each policy's weights come from its checkpoint
+(sf/policy_loading.py) and are published once into the shared weights. The layout defaults to the experiment's
+(config.json); the model, env and its parameters are the experiment's; the device is this machine's (--device, else
+auto).
 
 Policies. Every policy of a population plays (agent i of the run, counted over rollout workers, envs and agents, is
 played by policy i % num_policies: --policy_mapping fixed, so a multi-agent env such as test_race or doom_duel plays a
@@ -37,23 +38,21 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import logging
 import math
 import os
-import signal
 import sys
-import time
 from pathlib import Path
 
-from sf.cfg import (ConfigError, OneLineArgumentParser, Param, RunError, experiment_dir, optional_int, parse_cfg,
-                    run_guarded, str2bool, verify)
+from sf.cfg import (ConfigError, OneLineArgumentParser, Param, RunError, optional_int, parse_cfg, run_guarded, str2bool,
+                    verify)
 from sf.cfg.params import PARAMS
 from sf.cfg.validate import from_command_line
 from sf.export import add_experiment_arguments, experiment_env, experiment_path
-from sf.sampling.evaluation import EVAL_REPORT, EvalPlan
+from sf.sampling.evaluation import EvalPlan
 from sf.utils.files import temp_path, write_text_atomic
 from sf.utils.stats import t_quantile
-
-# torch, the runner and the envs are imported where used: --help and bad flags answer at once.
+from sf_envs.registry import env_spec
 
 COLUMNS = ("episode", "policy", "agent", "env_seed", "return", "length", "true_objective", "wall_time")
 CONFIDENCE = 0.95
@@ -107,7 +106,6 @@ def resolve(args: argparse.Namespace, prog: str):
     if policy is not None and policy >= cfg.num_policies:
         have = "policy 0" if cfg.num_policies == 1 else f"policies 0-{cfg.num_policies - 1}"
         raise ConfigError(f"--policy {policy}: the experiment has {have} (--num_policies {cfg.num_policies})")
-    from sf_envs.registry import env_spec
     agents_per_env = env_spec(cfg.env, cfg).num_agents
     num_agents = cfg.num_workers * cfg.num_envs_per_worker * agents_per_env
     playing = 1 if policy is not None else cfg.num_policies
@@ -153,129 +151,6 @@ def summarize(returns: list[float]) -> tuple[float, float, float, float]:
 
 
 # --- the run -----------------------------------------------------------------------------------------------------
-def _evaluator_class():
-    """The Evaluator (a Runner without learners), defined where first needed: importing the runner imports torch."""
-    import psutil
-    import torch
-
-    from sf.buffers.shared_weights import SharedWeights
-    from sf.buffers.trajectory_buffers import TrajectoryBuffers
-    from sf.cfg import resolve_device
-    from sf.enjoy import load_policy
-    from sf.processes.control import add_leftover_hook, become_subreaper, bind_device
-    from sf.processes.shared_state import SharedState
-    from sf.runner.population import fill_shared, initial_hyperparams
-    from sf.runner.preflight import check_memory, probe_env
-    from sf.runner.queues import make_queues
-    from sf.runner.runner import Runner, log
-    from sf.runner.supervision import kill_adopted, worker_context
-    from sf.distributed import World
-    from sf_envs.registry import env_spec, process_leftover_files
-
-    class Evaluator(Runner):
-        """Training's sampler without its learners (see the module docstring): rollout workers and policy workers of
-        the policies that play, the weights published once from the checkpoints, the rows of the episodes gathered
-        from the report queue until every agent met its quota."""
-        stopping_note = "stopping the evaluation (no CSV is written)"
-
-        def __init__(self, cfg):
-            """Checks only, as Runner's: the env runs, every policy that plays has a checkpoint that fits the model,
-            the run fits in memory."""
-            self.cfg, self.plan, self.exp_dir, self.world = cfg, cfg._eval_plan, experiment_dir(cfg), World()
-            add_leftover_hook(process_leftover_files)
-            self.device = resolve_device(cfg)
-            self.spec = env_spec(cfg.env, cfg)
-            self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
-            self.num_policies, self.num_agents = cfg.num_policies, self.spec.num_agents
-            self.policies = sorted(set(self.plan.players))
-            self.models = {p: load_policy(cfg, self.obs_space, self.action_space, torch.device("cpu"), p)
-                           for p in self.policies}
-            model = self.models[self.policies[0]][0]
-            self.rnn_state_size = model.rnn_state_size
-            self.num_slots = len(self.plan.quotas)  # one per agent, reused (sf/sampling/evaluation.py)
-            self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, cfg.rollout, self.obs_space,
-                                                               self.action_space, self.rnn_state_size)
-            check_memory(cfg, self.buffer_bytes, sum(t.numel() * t.element_size() for t in model.state_dict().values()),
-                         env_bytes)
-            self.lock = self.population = None
-            self.rows: list[dict] = []
-            self.sampling_since = self.done_at = None
-
-        def build(self) -> None:
-            cfg, P = self.cfg, self.num_policies
-            self.buffers = TrajectoryBuffers(self.num_slots, cfg.rollout, self.obs_space, self.action_space,
-                                             self.rnn_state_size)
-            self.weights = [None] * P
-            bind_device(self.device)  # (the shared weights on the evaluation's GPU)
-            for p, (model, state) in self.models.items():
-                self.weights[p] = SharedWeights(model, self.device)
-                self.weights[p].publish(model, max(0, int(state["policy_version"])))
-            self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping),
-                                     self.num_slots)
-            self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker * self.num_agents, 3),
-                                         dtype=torch.int64).share_memory_()
-            self.queues = make_queues(cfg, P, self.num_slots)
-            fill_shared(self.state, [initial_hyperparams(cfg, self.shaping)] * P)
-            self.stats = None  # (no statistics, no TensorBoard: nothing is written but the CSV)
-            self._build_supervision()
-            self.reports.handlers[EVAL_REPORT] = self._add_rows
-
-        def _add_rows(self, msg: tuple) -> None:
-            self.rows += msg[2]
-            if len(self.rows) >= self.plan.total and self.done_at is None:
-                self.done_at = time.time()
-
-        def start_processes(self, context=None) -> None:
-            self.context = context or worker_context(self.env_modules)
-            self.own_children = {c.pid for c in psutil.Process().children()}
-            for p in self.policies:
-                for i in range(self.cfg.policy_workers_per_policy):
-                    self._start_policy_worker(p, i)
-            for w in range(self.cfg.num_workers):
-                self._start_rollout_worker(w)
-
-        def supervise(self, start: float) -> None:
-            last_report = self.sampling_since = start  # (then: the moment every process had started)
-            started = False
-            while not self.state.stopping():
-                if not started and all(self.state.has_started(n) for n in self.procs):
-                    self.sampling_since, started = time.time(), True
-                self.reports.drain()
-                if self.done_at is not None or not self._check_processes() or not self._check_stalls():
-                    return
-                if time.time() - last_report >= self.cfg.report_interval_sec:
-                    log.info("Evaluated %d of %d episodes", len(self.rows), self.plan.total)
-                    last_report = time.time()
-                time.sleep(0.02)
-
-        def run(self) -> int:
-            """Start, supervise and stop the processes (Runner.run without learners, statistics or checkpoints);
-            returns the exit code: 0 with every row in, 130 stopped by a signal, 1 a process failed."""
-            try:
-                self.build()
-            except (OSError, RuntimeError) as e:  # /dev/shm or memory exhausted by something else meanwhile
-                raise RunError(f"cannot allocate the run's shared memory: {e}") from None
-            old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                become_subreaper()
-                try:
-                    self.start_processes()
-                    self.supervise(time.time())
-                finally:
-                    self.stop_processes()
-                    kill_adopted(self.own_children)
-            finally:
-                for s, h in old.items():
-                    signal.signal(s, h)
-                self.reports.drain()
-                self.close_queues()
-            if self.done_at is not None and self.exit_code == 0:
-                return 0
-            return 130 if self.interrupts else 1
-
-    return Evaluator
-
-
 def rows_of(rows: list[dict], agents_per_env: int) -> list[dict]:
     """The CSV's rows from the workers' (sf/sampling/evaluation.py): sorted by policy, agent of the run and the
     agent's episode index, numbered."""
@@ -314,10 +189,10 @@ def report(rows: list[dict], path: Path, evaluator) -> None:
 
 def run_eval(args: argparse.Namespace, prog: str) -> int:
     cfg, path = resolve(args, prog)
-    evaluator = _evaluator_class()(cfg)  # the last checks: the env, the checkpoints, memory
-    import logging
-
+    # (torch and the runner imported here: --help and bad input stay instant)
+    from sf.runner.evaluator import Evaluator
     from sf.runner.preflight import report_background_errors, setup_logging
+    evaluator = Evaluator(cfg)  # the last checks: the env, the checkpoints, memory
     logging.getLogger().removeHandler(setup_logging())  # the console only: nothing goes to the experiment directory
     report_background_errors()
     plan = cfg._eval_plan

@@ -1,19 +1,8 @@
-"""Learner process (one per policy): batcher thread -> APPO SGD steps -> weights published after each.
+"""Learner process (one per policy): batches -> APPO SGD steps -> weights published for the actors.
 
-The batcher thread takes full trajectory slots from the learner queue until it has one training batch
-(`batch_size * num_batches_per_epoch / rollout` trajectories), copies them out of shared memory onto
-the device and returns the slots to the free list at once. It hands batches to the training loop through
-a one-element queue, and copies a batch out only while that queue is empty: while one batch trains and one
-waits, the batcher stops taking slots, the free list runs dry and rollout workers pause (backpressure)
-instead of memory growing or experience going stale. At most one batch trains, one waits and the spare
-slots fill: policy lag stays within about three training batches' worth of SGD steps.
-
---sync_mode hts/ppo: no batcher thread. A training batch is one rollout interval k of every env (slots
-(k % 2) * num_envs + env index, in that order: a fixed composition, whatever order they arrived in). hts: take batch
-k, publish the weights trained on batch k-1, let interval k+1 start, train on batch k (collection of k+1 overlaps it;
-policy lag exactly one batch after the first). ppo: take batch k, train, publish, let interval k+1 start (lag 0).
-Weights change for the actors only at these batch boundaries, and a --train_for_env_steps budget ends the run right
-after the batch that reaches it: the same seed and config give the same weights.
+Its batcher takes finished trajectories off the policy's queue and copies training batches out of shared memory
+(sf/learning/batcher.py); its batch schedule, chosen once from --sync_mode, says what a batch is, when the actors get
+new weights and how the process loop runs (sf/learning/batch_schedule.py: async, hts, ppo).
 
 The learner owns the model and optimizer, so it also writes the checkpoints (periodic, best, final).
 
@@ -50,24 +39,25 @@ import collections
 import copy
 import logging
 import math
-import queue
-import threading
 import time
 
 import torch
 
 from sf import distributed
 from sf.learning.appo import APPO, cfg_hyperparams
+from sf.learning.batch_schedule import schedule_class
+from sf.learning.batcher import Batcher
 from sf.learning.checkpoint import (check_compatible, load_into, make_checkpoint_state, model_signature,
                                     restore_rng_states, weights_sha256)
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks/profile_training.py)
 from sf.model.actor_critic import create_actor_critic, run_precision
-from sf.processes.control import device_thread, usable_cores
+from sf.processes.control import usable_cores
 from sf.processes.pause_points import PAUSE_AT, pause
-from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, SLOT_FREE,
-                                      VERSION, learner_name, slot_held)
-from sf.seeding import MODEL, deterministic_kernels, run_seed, stream_seed
+from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, VERSION,
+                                      learner_name)
+from sf.processes.slot_ledger import SlotLedger
+from sf.seeding import MODEL, run_seed, stream_seed
 
 log = logging.getLogger("sf.learner")
 # PBT weight copy from a source that has not published yet or is being written (its learner died writing): retried
@@ -108,11 +98,11 @@ class Learner:
         self.cfg, self.buffers, self.queues = cfg, buffers, queues
         self.policy_id, self.all_weights = policy_id, all_weights or [shared_weights]
         self.population = getattr(cfg, "num_policies", 1) > 1
-        self.masks_steps = self.population or num_agents > 1  # (see collect)
+        self.masks_steps = self.population or num_agents > 1  # (see Batcher.collect)
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
-        self.heartbeat = shared_state.heartbeat_slot(learner_name(policy_id, shared_state.num_policies))
-        if getattr(cfg, "sync_mode", "async") != "async":
-            deterministic_kernels(self.device)
+        name = learner_name(policy_id, shared_state.num_policies)
+        self.heartbeat = shared_state.heartbeat_slot(name)
+        self.schedule = schedule_class(cfg)(self)  # (hts/ppo: deterministic kernels, before the model is made)
         torch.manual_seed(stream_seed(run_seed(cfg), MODEL, policy_id))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
         run_precision(cfg, self.model, self.device)
@@ -133,21 +123,17 @@ class Learner:
                                              save_best_metric=cfg.save_best_metric,
                                              read_only=self.world.rank > 0)  # rank 0's directory: only it writes
         self.frames_per_traj = cfg.rollout * frameskip
-        self.sync = cfg.sync_mode if getattr(cfg, "sync_mode", "async") != "async" else None
         self.num_envs = cfg.num_workers * cfg.num_envs_per_worker * num_agents  # agents: one trajectory stream each
-        if self.sync:
-            self.trajs_per_batch = self.num_envs
-        else:
-            self.trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
+        self.trajs_per_batch = self.schedule.trajs_per_batch(cfg, self.num_envs)
         self.version, self.env_steps = 0, 0
-        self.pending: list[int] = []
         self.last_save = self.last_milestone = time.time()
         self.hyperparams = {k: float(getattr(cfg, k)) for k in HYPERPARAMS}
-        self.batches: queue.Queue | None = None  # process mode: the batch copied out and waiting (run)
         self.copy_pending: tuple[int, float] | None = None  # PBT: (request number, time.monotonic() of its first try)
         self.copy_scratch: torch.nn.Module | None = None  # PBT: a copy lands here first (whole, or not at all)
-        self.slot_owner, self.held = shared_state.slot_owner_np, slot_held(policy_id)
-        self.moving, self.census = shared_state.moving_np, shared_state.census_np  # (moves of slots: _take, _release)
+        self.ledger = SlotLedger(shared_state, name, policy_id)  # (its moves of slots: the batcher's)
+        self.batcher = Batcher(buffers, queues, self.ledger, self.device, policy_id, self.trajs_per_batch,
+                               self.frames_per_traj, self.masks_steps, self.schedule,
+                               recycled=self._count_recycled if cfg.sampler_only else None)
         if replacement:
             self._take_over()
         else:
@@ -155,12 +141,8 @@ class Learner:
         if self.world.distributed:
             self._join_ranks()
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
-        self.released_frames = self.env_steps  # SharedState.released: none copied out and untrained yet
-        shared_state.released_np[policy_id] = 2 * self.released_frames
-        self.sync_batch = 0  # hts/ppo: the rollout interval whose batch comes next
-        self.published = {}  # hts/ppo: batches trained on -> the policy version published after them
-        self.budget_done = False
-        self._publish(self.version)
+        self.ledger.start_released(self.env_steps)  # SharedState.released: none copied out and untrained yet
+        self.publish(self.version)
 
     # --- checkpoints ---
     def _load_checkpoint(self, always: bool = False) -> dict | None:
@@ -196,7 +178,7 @@ class Learner:
         if published >= 0:
             self.env_steps = max(self.env_steps, int(self.state.learner[p, ENV_STEPS]))
         last = max(published, self.shared_weights.version, int(self.state.learner[p, VERSION]), self.version)
-        self.version = last + 1  # _publish() below makes it the actors' version
+        self.version = last + 1  # publish() below makes it the actors' version
         log.info("Replacement learner%s: weights of %s, optimizer state %s; policy version %d, %d env frames trained",
                  f" of policy {p}" if self.population else "",
                  f"the last SGD step (version {published})" if published >= 0 else
@@ -282,7 +264,7 @@ class Learner:
         if copied >= 0:
             self.model.load_state_dict(self.copy_scratch.state_dict())
             self.appo.optimizer.state = collections.defaultdict(dict)  # moments of other weights: start afresh
-            self._publish(self.version + 1)
+            self.publish(self.version + 1)
             self.queues.report.put(("pbt_copied", p, source, copied, self.version))
         else:
             self.queues.report.put(("pbt_copy_abandoned", p, source, reason))
@@ -290,103 +272,37 @@ class Learner:
         self.copy_pending = None
 
     # --- weights ---
-    def _publish(self, version: int) -> None:
+    def publish(self, version: int) -> None:
         self.version = version
         self.state.beat(self.heartbeat)  # after every SGD step: a long training batch is not a stall
         self.shared_weights.publish(self.model, version)
         self.state.learner[self.policy_id, VERSION] = version
 
     def _on_sgd_step(self, version: int) -> None:
-        if PAUSE_AT and self.batches is not None and self.batches.full():  # (tests: the batcher's batches)
+        if PAUSE_AT and self.batcher.batch_waiting():  # (tests: two batches out of shared memory)
             pause("learner_two_batches_out")
         # (data-parallel: nothing to copy; the gradients were averaged and the normalizers merged every rank's moments)
-        if self.sync:  # the actors' weights change at batch boundaries only
-            self.version = version
-            self.state.beat(self.heartbeat)
-        else:
-            self._publish(version)
-
-    # --- batcher ---
-    def collect(self, timeout: float):
-        """Take finished slots; once a training batch is complete, copy it out and free its slots.
-        Returns the experience dict (storage layout, on the device) or None."""
-        taken = self._take(timeout)
-        LAPS.lap("wait_trajectories")  # (batcher: also its waits for room in the batch queue)
-        if not taken:
-            return None
-        self.pending.extend(int(s) for s in taken)
-        if self.cfg.sampler_only:  # benchmark: recycle the slots at once, count the frames, train nothing
-            self._release(self.pending)
-            self.env_steps += len(self.pending) * self.frames_per_traj
-            self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
-            self.pending = []
-            return None
-        if len(self.pending) < self.trajs_per_batch:
-            return None
-        if self.sync:  # one interval of every env, in env order
-            self.pending.sort()
-            expected = list(range((self.sync_batch % 2) * self.num_envs, (self.sync_batch % 2 + 1) * self.num_envs))
-            if self.pending != expected:
-                raise RuntimeError(f"--sync_mode {self.sync}: batch {self.sync_batch} got slots {self.pending[:8]}..., "
-                                   f"expected {expected[0]}..{expected[-1]}")
-        slots = torch.tensor(self.pending[: self.trajs_per_batch], dtype=torch.int64)
-        self.pending = self.pending[self.trajs_per_batch:]
-        experience = self.buffers.gather(slots, self.device)
-        if self.masks_steps:  # masked: steps another policy acted (it took over the agent at
-            # an episode start), or none did (policy id -1: the env said the agent was inactive, info["is_active"])
-            experience["own"] = experience["policy_ids"] == self.policy_id
-        # no wait for the device: gather returns once the slots were read on the host (CUDA: into pinned staging, whose
-        # asynchronous copy to the device the batch's consumers wait for on the device; see GatherStaging)
-        if not self.sync:  # (sync modes: slots are fixed; the rollout workers wait for sync_ready instead)
-            self._release(slots.tolist())
-        LAPS.lap("copy")
-        return experience
-
-    def _take(self, timeout: float) -> list:
-        """Finished trajectories off this policy's queue (up to what the batch lacks; waiting up to `timeout`), marked
-        held by this learner in one move (SharedState.moving): a replacement gets them again if this learner dies, and
-        those it dies taking are found by the runner's census. None while the runner counts slots ([])."""
-        row = self.heartbeat  # (its row of SharedState.moving too)
-        self.moving[row] += 1
-        try:
-            if not self.census[0]:
-                taken = self.queues.learner.get_many(timeout=timeout,
-                                                     max_messages_to_get=self.trajs_per_batch - len(self.pending))
-                self.slot_owner[taken] = self.held
-                return taken
-        except queue.Empty:
-            return []
-        finally:
-            self.moving[row] += 1
-        time.sleep(min(timeout, 0.002))  # the census takes milliseconds
-        return []
-
-    def _release(self, slots: list) -> None:
-        """Return the slots of copied-out trajectories to the free list (marked FREE, then put), in one move opened by
-        the store that counts their frames as copied out (SharedState.released): a learner killed at any point takes
-        with it exactly the frames of the batches it copied out and did not train on."""
-        p, frames = self.policy_id, self.released_frames + len(slots) * self.frames_per_traj
-        while True:
-            self.state.released_np[p] = 2 * frames + 1
-            if not self.census[0]:
-                break
-            self.state.released_np[p] = 2 * self.released_frames  # the runner counts slots: not yet
-            time.sleep(0.002)
-        self.released_frames = frames
-        self.slot_owner[slots] = SLOT_FREE
-        self.queues.free.put_many(slots)
-        self.state.released_np[p] = 2 * frames
+        self.schedule.sgd_step(version)
 
     # --- training ---
-    def train(self, experience) -> None:
-        if self.sync:
-            return self.train_sync(experience)
-        self.apply_population_updates()
-        stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step,
-                                env_frames=self.env_steps * self.world.world_size)
-        self._trained(stats)
+    def collect(self, timeout: float):
+        """The batcher's next training batch (experience dict, storage layout, on the device) or None."""
+        return self.batcher.collect(timeout)
 
-    def _trained(self, stats: list) -> None:
+    def _count_recycled(self, frames: int) -> None:
+        """--sampler_only: frames of slots recycled untrained count as trained."""
+        self.env_steps += frames
+        self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
+
+    def train(self, experience) -> None:
+        self.schedule.train(experience)
+
+    def sgd(self, experience) -> list:
+        """The SGD steps of one training batch; their stats."""
+        return self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step,
+                               env_frames=self.env_steps * self.world.world_size)
+
+    def trained(self, stats: list) -> None:
         self.env_steps += self.trajs_per_batch * self.frames_per_traj
         self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
         self.queues.report.put(("train", stats, self.version, self.env_steps, self.policy_id))
@@ -395,43 +311,9 @@ class Learner:
         LAPS.lap("report")
         LAPS.batch_done(self.trajs_per_batch * self.cfg.rollout, self.policy_id)
 
-    def train_sync(self, experience) -> None:
-        """hts/ppo: one batch k = one rollout interval of every env (see the module docstring). No population updates:
-        these modes train one policy (sf.cfg refuses --num_policies > 1 with them), whose hyperparameters are the
-        configuration's (forced onto a loaded optimizer state in _load_checkpoint)."""
-        k = self.sync_batch
-        if k == 0:
-            self.published[0] = self.version  # the initial (or resumed) weights, published at start
-        if self.sync == "hts":
-            behaviour = max(k - 1, 0)  # interval k ran on the weights trained on batches 0..k-2
-            if k > 0:
-                self._publish(self.version)  # trained on batches 0..k-1: interval k+1's weights
-                self.published[k] = self.version
-            self.state.set_sync_ready(k + 1)
-        else:
-            behaviour = k
-        versions = experience["policy_versions"]
-        lo, hi = int(versions.min()), int(versions.max())
-        if lo != hi or lo != self.published[behaviour]:  # the mode's guarantee, checked on the data itself
-            raise RuntimeError(f"--sync_mode {self.sync}: batch {k} holds samples of policy versions {lo}..{hi}, "
-                               f"expected only {self.published[behaviour]}")
-        stats = self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step,
-                                env_frames=self.env_steps * self.world.world_size)
-        for s in stats:
-            s["policy_lag_batches"] = float(k - behaviour)
-        if self.sync == "ppo":
-            self._publish(self.version)
-            self.published[k + 1] = self.version
-            self.state.set_sync_ready(k + 1)
-        self.published.pop(behaviour - 1, None)
-        self.sync_batch = k + 1
-        self._trained(stats)
-        if self.env_steps >= self.cfg.train_for_env_steps:  # end at this batch boundary, whoever notices first
-            self.budget_done = True
-
     def run_once(self, timeout: float = 0.0) -> bool:
         """Serial mode: collect without a thread and train when a batch is complete."""
-        if self.budget_done:
+        if self.schedule.budget_done:
             return False
         experience = self.collect(timeout)
         if experience is None:
@@ -439,69 +321,12 @@ class Learner:
         self.train(experience)
         return True
 
-    def run_sync(self) -> None:
-        """hts/ppo in process mode: batches in interval order, no batcher thread (nothing to overlap with)."""
-        from sf.processes.control import runner_alive
-        self.state.set_started(self.heartbeat)
-        while not self.state.stopping() and runner_alive() and not self.budget_done:
-            self.state.beat(self.heartbeat)
-            self.run_once(timeout=0.1)
-        self.finish()
-
     def run(self) -> None:
-        """Process mode: batcher thread + training loop until the runner asks to stop; then the final save."""
-        if self.sync:
-            return self.run_sync()
-        batches: queue.Queue = queue.Queue(maxsize=1)
-        self.batches = batches
-        stop = threading.Event()
+        """Process mode: the schedule's loop until the runner asks to stop (or hts/ppo: the budget is reached); then
+        the final save."""
+        self.schedule.run()
 
-        def batcher():
-            while not stop.is_set():
-                if batches.full():  # copy a batch out only when the trainer has room for it: fresher experience
-                    time.sleep(0.005)
-                    continue
-                exp = self.collect(timeout=0.1)
-                while exp is not None and not stop.is_set():
-                    try:
-                        batches.put(exp, timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-
-        thread = device_thread(batcher, self.device, "batcher")  # (its gathers copy to the device on a side stream)
-        thread.start()
-        self.state.set_started(self.heartbeat)
-        from sf.processes.control import runner_alive
-        try:
-            while True:
-                stopping = self.state.stopping() or not runner_alive()
-                if stopping and not self.world.distributed:
-                    break
-                self.state.beat(self.heartbeat)
-                if self.population:  # also while no batch comes: a copy is visible to the actors at once
-                    self.apply_population_updates()
-                try:
-                    experience = batches.get(timeout=0.1)
-                except queue.Empty:
-                    experience = None
-                LAPS.lap("wait_batch")
-                if self.world.distributed:
-                    if experience is None and not stopping:
-                        continue
-                    if not self._ranks_go_on(stopping):  # every rank stops at this batch boundary
-                        break
-                if experience is not None:
-                    self.train(experience)
-        except distributed.DistributedError:
-            self.save(final=True)  # rank 0: the weights of the last step every rank made
-            raise
-        finally:
-            stop.set()
-            thread.join(timeout=5)
-        self.finish()
-
-    def _ranks_go_on(self, stopping: bool) -> bool:
+    def ranks_go_on(self, stopping: bool) -> bool:
         """Data-parallel: before a training batch (or at a stop request), the ranks learn whether any of them stops,
         and their summed frame counters (the run's totals, which the runner reports and budgets on)."""
         collected = int(self.state.worker_frames.sum())
@@ -530,12 +355,7 @@ def learner_threads(cfg) -> int:
     cores = usable_cores()  # this rank's share of the machine (torchrun: sf.train sets it)
     if cfg.learner_torch_threads:
         return cfg.learner_torch_threads
-    mode = getattr(cfg, "sync_mode", "async")
-    if mode == "ppo":
-        return cores
-    if mode == "hts":
-        return max(1, cores // 2)
-    return max(1, cores // 2 // getattr(cfg, "num_policies", 1))  # a population's learners share the cores
+    return schedule_class(cfg).torch_threads(cores, cfg)
 
 
 def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,

@@ -76,6 +76,11 @@ def run_training(cfg) -> int:
     early = setup_logging()  # the checks' warnings reach the console now and the log file once it exists
     report_background_errors()
     world = data_parallel_world(cfg)
+    tracking.check(cfg)  # --with_wandb: wandb imports
+    removed, freed = remove_stale_leftovers()  # what killed runs left in /dev/shm (before the runner's memory check)
+    if removed:
+        log.info("Removed %d files (%.1f MiB of memory) from /dev/shm that engines of killed runs left there",
+                 removed, freed / 2**20)
     runner = Runner(cfg, world)
     if world.rank > 0:  # the experiment directory is rank 0's: this rank logs to the console only
         logging.getLogger().removeHandler(early)
@@ -101,22 +106,27 @@ def run_training(cfg) -> int:
 
 class Runner:
     stopping_note = "stopping (final checkpoint)"  # the console line of a first Ctrl-C / SIGTERM
+    poll_sec = 0.1  # the supervision loop's period
 
     def __init__(self, cfg, world: distributed.World | None = None):
-        """Checks only (sf/runner/preflight.py): the env runs, the model fits the checkpoint to resume, the run fits in
-        memory. Nothing is written or allocated here (build() does that when the run starts). world: torchrun's ranks
-        (one by default)."""
+        """Checks only (sf/runner/preflight.py): the env runs, then _check_policies (the model fits the checkpoint to
+        resume, the run fits in memory). Nothing is written or allocated here (build() does that when the run starts).
+        world: torchrun's ranks (one by default)."""
         self.cfg, self.exp_dir = cfg, experiment_dir(cfg)
         self.world = world or distributed.World()
-        tracking.check(cfg)  # --with_wandb: wandb imports
         add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
-        removed, freed = remove_stale_leftovers()  # what killed runs left there (before the /dev/shm check below)
-        if removed:
-            log.info("Removed %d files (%.1f MiB of memory) from /dev/shm that engines of killed runs left there",
-                     removed, freed / 2**20)
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
+        self.num_policies, self.num_agents = cfg.num_policies, self.spec.num_agents
+        self.policies = list(range(self.num_policies))  # the policies that play: their policy workers run
+        self.lock = None  # the experiment's lock (rank 0; run_training takes it): its learners hold it too
+        self._check_policies(env_bytes)
+
+    def _check_policies(self, env_bytes: int) -> None:
+        """The checks once the env is known (env_bytes: the memory one env takes): the exploration loss and the action
+        mask fit its action space, the model fits the checkpoint to resume, the run fits in memory; PBT's state."""
+        cfg = self.cfg
         problem = exploration_loss_problem(cfg, self.action_space)  # (the action space is known from here on)
         if problem:
             raise ConfigError(problem)
@@ -124,50 +134,59 @@ class Runner:
             check_action_mask(self.obs_space, self.action_space)
         except ValueError as e:
             raise ConfigError(f"env {cfg.env}: {e}") from None
-        self.num_policies, self.num_agents = cfg.num_policies, self.spec.num_agents
         with torch.device("meta"):  # shapes only: a model of absurd size is refused below before it is allocated
             model = create_actor_critic(cfg, self.obs_space, self.action_space)
         self.meta = checkpoint_meta(cfg, self.obs_space, self.action_space, model)
-        self.rnn_state_size = model.rnn_state_size
         self.trajs_per_batch, self.num_slots = trajectory_slots(cfg, self.num_agents)
-        self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, cfg.rollout, self.obs_space, self.action_space,
-                                                           self.rnn_state_size)
-        model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         # the runner's CUDA work (the GPU's memory below, the shared weights) on the run's GPU (a rank >= 1: not GPU 0)
         bind_device(self.device)
-        check_memory(cfg, self.buffer_bytes, model_bytes, env_bytes, self.device, self.trajs_per_batch, self.obs_space,
-                     self.rnn_state_size)
+        self._check_memory(model, env_bytes, self.device, self.trajs_per_batch, self.obs_space, model.rnn_state_size)
         # each policy's checkpoint: (version, frames)
         self.resumed: list[tuple[int, int]] = check_checkpoint(cfg, self.exp_dir, self.meta, self.world)
-        self.lock = None  # the experiment's lock (rank 0; run_training takes it): its learners hold it too
         # PBT's state: a resumed run's pbt_state.json is read (and checked) here, written only once the run started
-        self.population = PopulationControl(cfg, self.exp_dir, self.shaping) if self._with_pbt() else None
+        self.population = (PopulationControl(cfg, self.exp_dir, self.shaping)
+                           if cfg.with_pbt and self.num_policies > 1 else None)
 
-    def _with_pbt(self) -> bool:
-        return bool(self.cfg.with_pbt) and self.num_policies > 1
+    def _check_memory(self, model, env_bytes: int, *gpu) -> None:
+        """buffer_bytes (num_slots slots, `model`'s recurrent state); a run that does not fit in this machine's memory
+        refused (check_memory; gpu: its device, batch_trajs, obs_space, rnn_state_size: a learner's batch on a GPU)."""
+        self.rnn_state_size = model.rnn_state_size
+        self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, self.cfg.rollout, self.obs_space,
+                                                           self.action_space, self.rnn_state_size)
+        model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        check_memory(self.cfg, self.buffer_bytes, model_bytes, env_bytes, *gpu)
 
     # --- build ---
     def build(self) -> None:
-        """Allocate what every process shares: trajectory buffers, weights, counters, queues; and the statistics."""
+        """Allocate what every process shares (_build_shared); the statistics, the supervisor's bookkeeping."""
+        hyper = self._build_shared()
+        self.stats = RunStats(self.exp_dir, self.cfg.stats_avg, self.spec.frameskip, sync_mode=self.cfg.sync_mode,
+                              num_policies=self.num_policies, resumed=self.resumed)
+        self.stats.enabled = self.world.rank == 0  # rank 0 writes TensorBoard
+        self.world_report = (time.time(), 0.0)  # data-parallel: (time, collected frames of all ranks) at the last report
+        if self.population:
+            self.population.record(self.stats, hyper)
+        self._build_supervision()
+        self._log_layout()
+
+    def _build_shared(self) -> list[dict]:
+        """What every process shares: trajectory buffers, weights, counters, queues; the hyperparameters (returned)."""
         cfg, P = self.cfg, self.num_policies
         self.buffers = TrajectoryBuffers(self.num_slots, cfg.rollout, self.obs_space, self.action_space, self.rnn_state_size)
-        self.weights = [SharedWeights(create_actor_critic(cfg, self.obs_space, self.action_space), self.device)
-                        for _ in range(P)]
+        self.weights = self._shared_weights()
         self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping), self.num_slots)
         # [W, agents per worker, (slot, t, policy)]
         self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker * self.num_agents, 3),
                                      dtype=torch.int64).share_memory_()
         self.queues = make_queues(cfg, P, self.num_slots)
-        self.stats = RunStats(self.exp_dir, cfg.stats_avg, self.spec.frameskip, sync_mode=cfg.sync_mode, num_policies=P,
-                              resumed=self.resumed)
-        self.stats.enabled = self.world.rank == 0  # rank 0 writes TensorBoard
-        self.world_report = (time.time(), 0.0)  # data-parallel: (time, collected frames of all ranks) at the last report
         hyper = self.population.hyperparams() if self.population else [initial_hyperparams(cfg, self.shaping)] * P
         fill_shared(self.state, hyper)
-        if self.population:
-            self.population.record(self.stats, hyper)
-        self._build_supervision()
-        self._log_layout()
+        return hyper
+
+    def _shared_weights(self) -> list[SharedWeights]:
+        """Each policy's weights in shared memory (its learner publishes them)."""
+        return [SharedWeights(create_actor_critic(self.cfg, self.obs_space, self.action_space), self.device)
+                for _ in range(self.num_policies)]
 
     def _build_supervision(self) -> None:
         """The supervisor's bookkeeping: processes, their reported deaths, the report reader, the stall watchdog, the
@@ -239,13 +258,16 @@ class Runner:
         (default: the fork server's, worker_context)."""
         self.context = context or worker_context(self.env_modules)
         self.own_children = {c.pid for c in psutil.Process().children()}  # the fork server and multiprocessing's helpers
-        for p in range(self.num_policies):
-            self._start_learner(p)
-        for p in range(self.num_policies):
+        self._start_learners()
+        for p in self.policies:
             for i in range(self.cfg.policy_workers_per_policy):
                 self._start_policy_worker(p, i)
         for w in range(self.cfg.num_workers):  # they make their envs while the learner loads: start-up runs in parallel
             self._start_rollout_worker(w)
+
+    def _start_learners(self) -> None:
+        for p in range(self.num_policies):
+            self._start_learner(p)
 
     def _start_learner(self, p: int, replacement: bool = False) -> str:
         name = learner_name(p, self.num_policies)
@@ -275,11 +297,7 @@ class Runner:
         workers (observations -> actions) and the rollout workers (actions -> env steps -> trajectories); supervise()
         watches them until the budget, a signal or a failure; stop_processes() ends them, the learner's final
         checkpoint first. Returns the exit code."""
-        try:
-            self.build()
-        except (OSError, RuntimeError) as e:  # /dev/shm or memory exhausted by something else meanwhile
-            raise RunError(f"cannot allocate the run's shared memory: {e}") from None
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = self._begin()
         start = time.time()
         try:
             if self.stats.enabled:  # W&B (--with_wandb); before the processes
@@ -290,13 +308,7 @@ class Runner:
                 except Exception:  # noqa: B902 — reported like a crashed process
                     self._crashed("serial run", traceback.format_exc())
             else:
-                become_subreaper()
-                try:
-                    self.start_processes()
-                    self.supervise(start)
-                finally:  # whatever happened here (a bug of the runner's own included), no child outlives the run
-                    self.stop_processes()
-                    kill_adopted(self.own_children)  # engines of a worker that died without closing them
+                self._run_processes(start)
         finally:
             for s, h in old.items():
                 # once a stop was asked, a repeated SIGTERM (a batch system's, or timeout(1)'s second one) that comes
@@ -305,6 +317,24 @@ class Runner:
             self._finish(start)
         self._log_done(start)
         return self.exit_code
+
+    def _begin(self) -> dict:
+        """build() (a failure: one line); then SIGINT and SIGTERM go to _on_signal (returns their former handlers)."""
+        try:
+            self.build()
+        except (OSError, RuntimeError) as e:  # /dev/shm or memory exhausted by something else meanwhile
+            raise RunError(f"cannot allocate the run's shared memory: {e}") from None
+        return {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _run_processes(self, start: float) -> None:
+        """start_processes(), supervise(); then, whatever happened (a bug of the runner's own too), stop_processes()."""
+        become_subreaper()
+        try:
+            self.start_processes()
+            self.supervise(start)
+        finally:
+            self.stop_processes()
+            kill_adopted(self.own_children)  # engines of a worker that died without closing them
 
     def _finish(self, start: float) -> None:
         """After the processes ended: the last reports and report line, the faults, the slot audit, PBT's state, the
@@ -357,7 +387,7 @@ class Runner:
             if self.budget_reached(start) or not self._check_processes() or not self._check_stalls():
                 break
             self.step(start)
-            time.sleep(0.1)
+            time.sleep(self.poll_sec)
 
     def step(self, start: float) -> None:
         """The runner's periodic work once the reports are read, in the parallel loop and in serial mode alike: frames,

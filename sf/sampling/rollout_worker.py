@@ -38,9 +38,9 @@ env_slots is published at every step, so that the runner can reclaim a dead work
 they held (a slot of this worker that no agent's entry names is full). A replacement worker goes on counting this
 worker's frames.
 
-Evaluation (python -m sf.eval, cfg._eval_plan): no learner; each agent keeps one slot, its policy and episode quota
-come from the plan, its actions from its own noise, and its recorded episodes go to the runner as rows
-(sf/sampling/evaluation.py).
+Modes: where the slots come from and the trajectories and episodes go (async and hts/ppo training, sf.eval's evaluation
+with no learner) is the worker's episode sink, chosen once when it is made (sf/sampling/episode_sink.py): the step loop
+below is the same in every mode.
 """
 from __future__ import annotations
 
@@ -54,15 +54,13 @@ import torch
 
 from typing import Callable, Optional
 
-from sf.model.action_spaces import draw_action_noise
-from sf.sampling.evaluation import EVAL_REPORT, EvalEpisodes
-from sf.sampling.policy_mapping import PolicyMapping
+from sf.sampling.episode_sink import episode_sink
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import slot_queued
-from sf.seeding import ENV, POLICY_MAPPING, action_noise_rng, run_seed, stream_seed
+from sf.processes.slot_ledger import CENSUS_PAUSE_SEC, SlotLedger
+from sf.seeding import ENV, action_noise_rng, run_seed, stream_seed
 from sf_envs.registry import env_spec, make_env
 
-EPISODE_REPORT_SEC = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -97,13 +95,11 @@ class RolloutWorker:
         self.reward_scale, self.reward_clip = getattr(cfg, "reward_scale", 1.0), getattr(cfg, "reward_clip", float("inf"))
         self._bind_buffers(buffers)
         self._bind_shared_state(cfg, shared_state, env_slots)
-        self._init_policy_mapping(cfg, shared_state)
+        self._init_agent_policies(shared_state)
         self._make_envs(cfg, shared_state)
-        # python -m sf.eval (sf/sampling/evaluation.py): each agent's policy, episode quota and recorded rows
-        plan = getattr(cfg, "_eval_plan", None)
-        self.eval = EvalEpisodes(plan, worker_idx, self.num_envs, self.A) if plan is not None else None
-        if self.eval is not None:
-            self.mapping = self.eval
+        # the mode (async or hts/ppo training, sf.eval): where slots come from, trajectories and episodes go
+        self.sink = episode_sink(self)
+        self.mapping = self.sink.mapping  # which policy plays each agent's episodes
         self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_agents + i) for i in range(self.num_agents)]
         self.discrete = self.actions_np.dtype == np.int64
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
@@ -113,7 +109,7 @@ class RolloutWorker:
         # its env's episode to end, a player waiting for its turn); that step is then recorded as acted by no policy
         self.active = np.ones(self.num_agents, dtype=bool)
         self.env_restarts = 0
-        self.episodes: list[dict] = []
+        self.episodes: list[dict] = []  # (training) episode reports for the runner's statistics, not sent yet
         self.last_report = time.time()
         self.frames = int(shared_state.worker_frames[worker_idx])  # a replacement goes on counting
 
@@ -134,28 +130,20 @@ class RolloutWorker:
         env_slots and its heartbeat."""
         worker_idx = self.worker_idx
         # hts/ppo: the group's rollout interval, and the groups waiting for the learner before their next interval
-        self.sync = getattr(cfg, "sync_mode", "async") != "async"
-        self.total_agents = cfg.num_workers * self.num_agents
         self.interval = np.zeros(cfg.worker_num_splits, dtype=np.int64)
         self.waiting: dict[int, int] = {}
         self.awaiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies a group still waits for
         self.splits = cfg.worker_num_splits
         self.epoch = int(shared_state.epoch_go_np[worker_idx])  # a replacement starts in the epoch the runner set
-        self.slot_owner = shared_state.slot_owner_np
-        self.moving, self.census = shared_state.moving_np, shared_state.census_np  # (moves of slots: SharedState)
+        self.ledger = SlotLedger(shared_state, f"rollout_worker_{worker_idx}")  # (its moves of slots)
         self.env_slots_np = env_slots.numpy()
         self.agent_slots = self.env_slots_np[worker_idx]  # [E * A, C] this worker's row: (slot, t, ...) per agent
         self.has_policy_column = self.env_slots_np.shape[-1] > 2
         self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")  # also its row of SharedState.moving
 
-    def _init_policy_mapping(self, cfg, shared_state) -> None:
-        """Which policy plays each agent (and whose learner gets its slot), and the reward shaping last given to it."""
-        worker_idx = self.worker_idx
-        self.mapping = PolicyMapping(self.num_policies, self.A, getattr(cfg, "policy_mapping", "random"),
-                                     getattr(cfg, "policy_resample_episodes", 10),
-                                     getattr(cfg, "pbt_mix_policies_in_one_env", True), worker_idx * self.num_envs,
-                                     stream_seed(run_seed(cfg), POLICY_MAPPING, worker_idx),
-                                     self.num_envs // cfg.worker_num_splits, run_seed(cfg))
+    def _init_agent_policies(self, shared_state) -> None:
+        """The policy playing each agent (and the one whose learner gets its slot), and the reward shaping last given to
+        it."""
         self.policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy playing each agent's current episode
         self.slot_policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy whose learner gets its current slot
         self.shaping_keys = tuple(getattr(shared_state, "shaping_keys", ()))
@@ -239,15 +227,9 @@ class RolloutWorker:
 
     def _next_slot(self, i: int, interval: int) -> int:
         """The slot agent i fills next, published as its current slot at step 0 (env_slots): fixed in hts/ppo modes,
-        any free one otherwise (sf.eval: the agent's own, reused). Marks it as holding no final observation yet."""
-        if self.eval is not None:  # nothing goes to a learner: one slot per agent, filled again from step 0
-            slot = self.worker_idx * self.num_agents + i
-            self.agent_slots[i, :2] = slot, 0
-        elif self.sync:
-            slot = (interval % 2) * self.total_agents + self.worker_idx * self.num_agents + i
-            self.agent_slots[i, :2] = slot, 0
-        else:
-            slot = self._take_free_slot(i)
+        any free one otherwise (sf.eval: the agent's own, reused): the sink's. Marks it as holding no final observation
+        yet."""
+        slot = self.sink.next_slot(i, interval)
         self.final_t_np[slot] = -1
         return slot
 
@@ -255,10 +237,7 @@ class RolloutWorker:
         """Ask the policy workers of every policy playing an agent of group g for its actions at the agents' current
         steps (hts/ppo and sf.eval: with each agent's noise)."""
         lo, hi = g * self.group_size, (g + 1) * self.group_size
-        if self.sync or self.eval is not None:
-            for i in range(lo, hi):
-                draw_action_noise(self.envs[i // self.A].action_space, self.noise_rngs[i],
-                                  self.noise_np[self.slot[i], self.t[i]])
+        self.sink.draw_noise(lo, hi)
         code = self.epoch * self.splits + g
         if self.num_policies == 1:
             self.awaiting[g] = 1
@@ -309,19 +288,17 @@ class RolloutWorker:
     def _move_free_slot(self, i: int, timeout: float | None) -> int | None:
         """Take a free slot for agent i (waiting up to `timeout`; None: not at all) inside a move; None if none came or
         the runner counts slots (SharedState.census)."""
-        self.moving[self.heartbeat] += 1
-        try:
-            if not self.census[0]:
-                slot = int(self.queues.free.get_nowait() if timeout is None else self.queues.free.get(timeout=timeout))
+        with self.ledger.move(wait=CENSUS_PAUSE_SEC) as ok:
+            if ok:
+                free = self.queues.free
+                try:
+                    slot = int(free.get_nowait() if timeout is None else free.get(timeout=timeout))
+                except Empty:
+                    return None
                 self.agent_slots[i, 0] = slot  # (slot, then step: (slot, 0) never names the previous, full slot)
                 self.agent_slots[i, 1] = 0
-                self.slot_owner[slot] = self.worker_idx
+                self.ledger.owner[slot] = self.worker_idx
                 return slot
-        except Empty:
-            return None
-        finally:
-            self.moving[self.heartbeat] += 1
-        time.sleep(0.002)  # the census takes milliseconds
         return None
 
     def _send_finished(self) -> None:
@@ -329,19 +306,16 @@ class RolloutWorker:
         (none while the runner counts slots: they go with the next call)."""
         if not any(self.finished):
             return
-        self.moving[self.heartbeat] += 1
-        try:
-            if self.census[0]:
+        with self.ledger.move() as ok:
+            if not ok:
                 return
             for p, slots in enumerate(self.finished):
                 if slots:
-                    self.slot_owner[slots] = slot_queued(p)
+                    self.ledger.owner[slots] = slot_queued(p)
                     if PAUSE_AT:
                         pause("rollout_worker_queued")
                     self.learner_queues[p].put_many(slots)
                     self.finished[p] = []
-        finally:
-            self.moving[self.heartbeat] += 1
 
     def _write_obs(self, obs: dict, slot: int, t: int) -> None:
         for k, v in obs.items():
@@ -376,28 +350,21 @@ class RolloutWorker:
         # the group's actions in one fancy-index read (one copy instead of a view per env)
         actions = self.actions_np[slots, ts]
         self.next_interval = self.interval[g] + 1
+        envs = self.sink.envs_to_step(g)  # (sf.eval: not an env whose agents met their quotas)
         if self.A == 1:
-            for i, e in enumerate(range(lo, hi)):
-                if self.eval is None or not self.eval.env_done(e):  # (sf.eval: an env that met its quota stays)
-                    slots[i], ts[i] = self._step_env(e, actions[i], slots[i], ts[i])
+            for e in envs:
+                i = e - lo
+                slots[i], ts[i] = self._step_env(e, actions[i], slots[i], ts[i])
         else:
-            for j, e in enumerate(range(g * self.envs_per_group, (g + 1) * self.envs_per_group)):
-                if self.eval is not None and self.eval.env_done(e):
-                    continue
-                k = j * self.A
+            for e in envs:
+                k = (e - g * self.envs_per_group) * self.A
                 slots[k:k + self.A], ts[k:k + self.A] = self._step_multiagent_env(e, actions[k:k + self.A],
                                                                                   slots[k:k + self.A], ts[k:k + self.A])
         self.slot[lo:hi], self.t[lo:hi] = slots, ts  # (env_slots: published by _record, step by step)
         self.frames += self.group_size * self.frameskip
         self._send_finished()
-        if self.eval is not None and self.eval.envs_done(g * self.envs_per_group, (g + 1) * self.envs_per_group):
-            return  # sf.eval: every env of the group met its quota
-        if self.sync and ts[0] == 0:  # the group finished its interval (its envs step in lockstep)
-            self.interval[g] += 1
-            if self.state.sync_ready_batches() < self.interval[g]:
-                self.waiting[g] = int(self.interval[g])
-                return
-        self._request_actions(g)
+        if self.sink.goes_on(g, interval_done=ts[0] == 0):  # (its envs step in lockstep)
+            self._request_actions(g)
 
     def _step_env(self, e: int, action, slot: int, t: int) -> tuple[int, int]:
         """One step of single-agent env e (agent e); returns the agent's (slot, t) after it."""
@@ -446,12 +413,8 @@ class RolloutWorker:
         if not self.active[i]:  # no policy acted (Sample Factory's is_active): learners mask it (policy id -1)
             self.policy_ids_np[slot, t] = -1
         self.active[i] = info.get("is_active", True)
-        if done and "episode" in info and self.eval is not None:
-            self.eval.episode_end(i, info["episode"], self._env_seed(i // self.A))
-        elif done and "episode" in info:  # a real episode end (an Atari life loss is done without one)
-            report = {k: float(v) for k, v in info["episode"].items()}
-            report["policy"] = float(self.policy[i])
-            self.episodes.append(report)
+        if done and "episode" in info:  # a real episode end (an Atari life loss is done without one)
+            self.sink.episode_end(i, info["episode"])
         if truncated and final is not None:
             self._keep_final(slot, t, final)
         self.rewards_np[slot, t] = min(max(reward * self.reward_scale, -self.reward_clip), self.reward_clip)
@@ -470,8 +433,7 @@ class RolloutWorker:
             for k in self.obs_np:
                 self.obs_np[k][new_slot, 0] = self.obs_np[k][slot, self.T]
             self.rnn_np[new_slot, 0] = self.rnn_np[slot, self.T]
-            if self.eval is None:
-                self.finished[self.slot_policy[i]].append(slot)
+            self.sink.trajectory_end(i, slot)
             self.slot_policy[i] = self.policy[i]
             slot, t = new_slot, 0
         return slot, t
@@ -489,14 +451,7 @@ class RolloutWorker:
     def _maybe_report(self, force: bool = False) -> None:
         now = time.time()
         self.state.set_worker_frames(self.worker_idx, self.frames)
-        if self.episodes and (force or now - self.last_report > EPISODE_REPORT_SEC):
-            self.queues.report.put(("episodes", self.worker_idx, self.episodes))
-            self.episodes = []
-            self.last_report = now
-        if self.eval is not None and self.eval.rows and (force or self.eval.all_done()
-                                                         or now - self.last_report > EPISODE_REPORT_SEC):
-            self.queues.report.put((EVAL_REPORT, self.worker_idx, self.eval.take_rows()))
-            self.last_report = now
+        self.sink.report(now, force)
 
     def close(self) -> None:
         self._maybe_report(force=True)

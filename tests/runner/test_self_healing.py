@@ -25,6 +25,7 @@ from sf.buffers.shared_weights import SharedWeights
 from sf.ipc import Queue
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.processes.shared_state import SLOT_FREE, SharedState, slot_held, slot_queued
+from sf.processes.slot_ledger import SlotLedger
 from sf.runner.healing import Healer, audit_slots
 from sf.runner.stats import read_event_scalars
 from sf.sampling.rollout_worker import RolloutWorker
@@ -137,9 +138,8 @@ def test_census_waits_for_live_moves_and_stops_new_ones():
     thread.join()
     assert _on(queues.learner[0]) == [0] and _on(queues.free) == [2, 3]
     queues.free.put_many([2, 3])
-    worker = SimpleNamespace(moving=state.moving_np, census=state.census_np, heartbeat=row, slot_owner=owner,
-                             worker_idx=0, finished=[[1]], learner_queues=queues.learner, queues=queues,
-                             agent_slots=np.zeros((1, 2), int))
+    worker = SimpleNamespace(ledger=SlotLedger(state, "rollout_worker_0"), worker_idx=0, finished=[[1]],
+                             learner_queues=queues.learner, queues=queues, agent_slots=np.zeros((1, 2), int))
     state.census_np[0] = 1  # a census runs
     RolloutWorker._send_finished(worker)
     assert RolloutWorker._move_free_slot(worker, 0, None) is None

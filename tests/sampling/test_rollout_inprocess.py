@@ -100,9 +100,9 @@ def test_learner_refuses_a_batch_of_other_policy_versions(tmp_path):
     b.dones.fill_(0)
     b.truncated.fill_(0)
     queues.learner.put_many([3, 1, 0, 2])
-    assert learner.run_once(timeout=1.0) and learner.sync_batch == 1 and run.state.sync_ready_batches() == 1
-    b.policy_versions[4:8] = learner.published[0]
-    b.policy_versions[6, 5] = learner.published[0] + 1  # one sample of another policy in batch 1
+    assert learner.run_once(timeout=1.0) and learner.schedule.batch == 1 and run.state.sync_ready_batches() == 1
+    b.policy_versions[4:8] = learner.schedule.published[0]
+    b.policy_versions[6, 5] = learner.schedule.published[0] + 1  # one sample of another policy in batch 1
     queues.learner.put_many([4, 5, 6, 7])
     with pytest.raises(RuntimeError, match="policy versions"):
         learner.run_once(timeout=1.0)
