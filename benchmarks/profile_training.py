@@ -50,7 +50,7 @@ HZ = os.sysconf("SC_CLK_TCK")
 KINDS = (("sf:rollout", "rollout workers (Python)"), ("sf:policy", "policy workers"), ("sf:learner", "learner"),
          ("sf:fork_server", "fork server"))
 ENGINES = "env engines (children of the rollout workers)"
-# learner phases (sf/learning/appo.py, learner.py), in the order of one training batch
+# learner phases (sf/learning/appo.py, batcher.py, batch_schedule.py), in the order of one training batch
 PHASES = ("copy", "wait_trajectories", "wait_batch", "prepare", "forward", "targets", "backward", "optimizer", "stats",
           "publish", "report")
 PHASE_TEXT = {"copy": "batch copied out of the trajectory buffers",
