@@ -216,14 +216,14 @@ class Runner:
         log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB), "
                  "seed %d", self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, self.num_slots,
                  self.buffer_bytes / 2**20, cfg.seed)
+        playing = cfg.num_workers * cfg.num_envs_per_worker * self.num_agents  # agents in all, playing at once
         if P > 1 or self.num_agents > 1:
             log.info("Population: %d policies (%s), %d agents per env (%d agents in all), policy mapping %s%s", P,
                      "population-based training" + (", resumed" if self.population.resumed else "")
                      if self.population else "independent", self.num_agents,
-                     cfg.num_workers * cfg.num_envs_per_worker * self.num_agents, cfg.policy_mapping,
+                     playing, cfg.policy_mapping,
                      f" (new draw every {cfg.policy_resample_episodes} episodes of an env)"
                      if cfg.policy_mapping != "fixed" and P > 1 else "")
-        playing = cfg.num_workers * cfg.num_envs_per_worker * self.num_agents
         if P > playing:  # (--policy_mapping fixed is refused in preflight then)
             log.warning("Population: %d policies but %d agent(s) play at once: the others wait for a draw (each rollout "
                         "worker draws every policy once per %d draws, a draw every %d episodes of an env), and the run "
