@@ -240,13 +240,16 @@ def test_many_unusable_checkpoints_are_one_counted_line(exported, tmp_path):
     """An experiment with many corrupt checkpoint files (best and regular) exports its good one and tells of the rest
     in one line per kind of question that met them, counting them, each file told once; nothing is moved."""
     exp = copy_experiment(exported / "image_gru", tmp_path / "corrupt")
+    # a short run on a loaded machine may end before its first episode does, with no best file: then the default
+    # question (best) falls back to the latest and meets the regular files too, a second counted line
+    has_best = any(p.name.startswith("best_") for p in (exp / "checkpoint_p0").iterdir())
     for i in range(1, 6):
         (exp / "checkpoint_p0" / f"checkpoint_{900 + i:09d}_{10**6 + i}.pth").write_text("garbage")
         (exp / "checkpoint_p0" / f"best_{900 + i:09d}_{10**6 + i}_reward_{1000 + i}.000.pth").write_text("garbage")
     before = sorted(p.name for p in (exp / "checkpoint_p0").iterdir())
-    for argv, count in (([], 5), (["--checkpoint", "latest"], 5)):
+    for argv, questions in (([], 1 if has_best else 2), (["--checkpoint", "latest"], 1)):
         res = run("-m", "sf.export", exp, *argv)
         assert res.returncode == 0, res.stderr
         told = [ln for ln in (res.stdout + res.stderr).splitlines() if "valid checkpoint" in ln]
-        assert len(told) == 1 and f"{count} files in {exp / 'checkpoint_p0'}" in told[0], told
+        assert len(told) == questions and all(f"5 files in {exp / 'checkpoint_p0'}" in ln for ln in told), told
     assert sorted(p.name for p in (exp / "checkpoint_p0").iterdir()) == before  # read only: left in place
