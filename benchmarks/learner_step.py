@@ -41,26 +41,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from gymnasium import spaces  # noqa: E402
 
+from sf.cfg import default_cfg as make_cfg  # noqa: E402
 from sf.learning.appo import APPO  # noqa: E402
 from sf.model.actor_critic import create_actor_critic, resolve_precision  # noqa: E402
 from sf.model.encoders import CONV_ARCHITECTURES, RESNET_ARCHITECTURES  # noqa: E402
-
-
-def make_cfg(**kw):
-    try:
-        from sf.cfg import default_cfg
-        return default_cfg(**kw)
-    except ImportError:
-        import types
-        base = dict(use_rnn=True, rnn_type="gru", rnn_size=512, encoder_conv_architecture="auto",
-                    encoder_mlp_layers=[512, 512], hidden_size=512, nonlinearity="elu", normalize_input=True,
-                    normalize_returns=False, learning_rate=1e-4, adam_eps=1e-6, adam_beta1=0.9, adam_beta2=0.999,
-                    gamma=0.99, with_vtrace=True, vtrace_rho=1.0, vtrace_c=1.0, gae_lambda=0.95, ppo_clip_ratio=0.1,
-                    ppo_clip_value=1.0, exploration_loss_coeff=0.003, value_loss_coeff=0.5, max_grad_norm=4.0,
-                    normalize_advantage=True, max_policy_lag=100, rollout=32, recurrence=32, batch_size=2048,
-                    num_epochs=1, num_batches_per_epoch=1)
-        base.update(kw)
-        return types.SimpleNamespace(**base)
 
 
 NAIVE_BASELINE = 500.0  # samples/s, naive single-threaded learner (the reference, convnet_simple)

@@ -36,7 +36,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from sf.cfg import ConfigError, OneLineArgumentParser, RunError, all_params, run_guarded
+from sf.cfg import Config, ConfigError, OneLineArgumentParser, RunError, all_params, run_guarded
 from sf.cfg.parse import _preset_values, read_json_object
 from sf.cfg.validate import from_file
 from sf.eval import summarize
@@ -191,7 +191,7 @@ def _code(*commands: str) -> str:
     return "```\n" + "\n".join(commands) + "\n```\n"
 
 
-def card_text(exp_dir: Path, cfg: argparse.Namespace, saved: dict, curves: Path | None) -> str:
+def card_text(exp_dir: Path, cfg: Config, saved: dict, curves: Path | None) -> str:
     env, exp = cfg.env, exp_dir.name
     frames = frames_trained(exp_dir, cfg.num_policies)
     rewards = training_rewards(exp_dir)

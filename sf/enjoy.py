@@ -253,7 +253,7 @@ class VideoWriter:
 
 def run_enjoy(cfg) -> int:
     import torch
-    for note in getattr(cfg, "_notes", []):  # e.g. Sample Factory flags that mean nothing here
+    for note in cfg._notes:  # e.g. Sample Factory flags that mean nothing here
         print(note)
     device = torch.device(resolve_device(cfg))
     spec = env_spec(cfg.env, cfg)

@@ -47,6 +47,7 @@ from pathlib import Path
 from sf.cfg import (ConfigError, OneLineArgumentParser, Param, RunError, optional_int, parse_cfg, run_guarded, str2bool,
                     verify)
 from sf.cfg.params import PARAMS
+from sf.cfg.shape import num_envs
 from sf.cfg.validate import from_command_line
 from sf.export import add_experiment_arguments, experiment_env, experiment_path
 from sf.sampling.evaluation import EvalPlan
@@ -95,29 +96,28 @@ def resolve(args: argparse.Namespace, prog: str):
             "--load_checkpoint_kind", args.load_checkpoint_kind, "--eval_deterministic", str(deterministic)]
     if args.device is not None:
         argv += ["--device", args.device]
-    cfg = parse_cfg(argv, mode="enjoy", prog=prog)
-    for name in ("num_workers", "num_envs_per_worker"):  # training's flags: checked as train.py checks them
-        if getattr(args, name) is not None:
-            setattr(cfg, name, from_command_line(_TABLE[name], getattr(args, name)))
+    layout = {name: from_command_line(_TABLE[name], getattr(args, name))  # training's flags: checked as train.py does
+              for name in ("num_workers", "num_envs_per_worker") if getattr(args, name) is not None}
     # the sampler alone: no learner, PBT, W&B, serial mode or self-healing (a replaced worker would replay episodes)
-    cfg.sync_mode, cfg.sampler_only, cfg.random_policy, cfg.serial_mode = "async", False, False, False
-    cfg.with_pbt, cfg.with_wandb, cfg.max_restarts_per_hour = False, False, 0
+    cfg = parse_cfg(argv, mode="enjoy", prog=prog).replace(
+        **layout, sync_mode="async", sampler_only=False, random_policy=False, serial_mode=False, with_pbt=False,
+        with_wandb=False, max_restarts_per_hour=0)
     verify(cfg, "enjoy")
     if policy is not None and policy >= cfg.num_policies:
         have = "policy 0" if cfg.num_policies == 1 else f"policies 0-{cfg.num_policies - 1}"
         raise ConfigError(f"--policy {policy}: the experiment has {have} (--num_policies {cfg.num_policies})")
     agents_per_env = env_spec(cfg.env, cfg).num_agents
-    num_agents = cfg.num_workers * cfg.num_envs_per_worker * agents_per_env
+    num_agents = num_envs(cfg) * agents_per_env
     playing = 1 if policy is not None else cfg.num_policies
     if num_agents < playing:
         raise ConfigError(f"{cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} envs x {agents_per_env} "
                           f"agents cannot play all {playing} policies: raise --num_envs_per_worker or --num_workers, or "
                           "evaluate one policy with --policy")
-    cfg._eval_plan = EvalPlan.make(num_agents, cfg.num_policies, episodes, policy)
     # the policy workers run the model on chunks of this many rows (fixed bits whatever the batching): one group's
     # agents of one policy, so that a request is one chunk
     group = cfg.num_envs_per_worker // cfg.worker_num_splits * agents_per_env
-    cfg.sync_inference_chunk = max(1, -(-group // playing))
+    cfg = cfg.replace(_eval_plan=EvalPlan.make(num_agents, cfg.num_policies, episodes, policy),
+                      sync_inference_chunk=max(1, -(-group // playing)))
     name = (f"eval_{cfg.load_checkpoint_kind}_seed{cfg.seed}_{episodes}ep{'_argmax' if deterministic else ''}"
             f"{'' if policy is None else f'_p{policy}'}.csv")
     path = Path(args.csv) if args.csv is not None else exp_dir / name
@@ -207,7 +207,7 @@ def run_eval(args: argparse.Namespace, prog: str) -> int:
         print(f"{prog}: evaluation {what} after {len(evaluator.rows)} of {plan.total} episodes; no CSV written",
               file=sys.stderr)
         return code
-    rows = rows_of(evaluator.rows, evaluator.num_agents)
+    rows = rows_of(evaluator.rows, evaluator.spec.num_agents)
     try:
         write_text_atomic(path, csv_text(rows))
     except OSError as e:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sf.cfg import ConfigError, OneLineArgumentParser, RunError, parse_cfg, run_guarded
+from sf.cfg import Config, ConfigError, OneLineArgumentParser, RunError, parse_cfg, run_guarded
 from sf.cfg.parse import read_json_object
 from sf.policy_loading import load_policy, open_env
 from sf.utils.files import one_line, write_bytes_atomic
@@ -94,7 +94,7 @@ def experiment_env(exp_dir: Path) -> str:
     return env
 
 
-def experiment_cfg(exp_dir: Path, prog: str) -> argparse.Namespace:
+def experiment_cfg(exp_dir: Path, prog: str) -> Config:
     """The configuration the experiment trained with (its config.json, as enjoy resolves it), on the CPU."""
     return parse_cfg(["--env", experiment_env(exp_dir), "--experiment", exp_dir.name, "--train_dir",
                       str(exp_dir.parent), "--device", "cpu"], mode="enjoy", prog=prog)
@@ -257,10 +257,11 @@ def run_export(args: argparse.Namespace, prog: str) -> list[Path]:
         env.close()
 
     files: list[tuple[Path, bytes, str]] = []  # every policy is loaded and exported before anything is written
-    config_json = json.dumps({k: v for k, v in vars(cfg).items() if not k.startswith("_")}, sort_keys=True)
+    config_json = json.dumps(cfg.as_dict(), sort_keys=True)
     for p in policies:
-        cfg.load_checkpoint_kind = checkpoint_kind(exp_dir, p, args.checkpoint)
-        model, state = load_policy(cfg, obs_space, action_space, torch.device("cpu"), p)
+        kind = checkpoint_kind(exp_dir, p, args.checkpoint)
+        model, state = load_policy(cfg.replace(load_checkpoint_kind=kind), obs_space, action_space,
+                                   torch.device("cpu"), p)
         model.eval()
         meta = {"env": cfg.env, "policy": str(p), "checkpoint": Path(state.get("path", "")).name,
                 "policy_version": str(state["policy_version"]), "env_steps": str(state["env_steps"]),
@@ -271,7 +272,7 @@ def run_export(args: argparse.Namespace, prog: str) -> list[Path]:
         except Exception as e:  # noqa: BLE001 - an operator the exporter cannot translate: one line, not a traceback
             raise RunError(f"cannot export policy {p} to ONNX: {type(e).__name__}: {one_line(e, 300)}") from None
         worst = check_against_torch(data, model)
-        note = (f"{cfg.load_checkpoint_kind} checkpoint {meta['checkpoint']} (policy version {state['policy_version']}, "
+        note = (f"{kind} checkpoint {meta['checkpoint']} (policy version {state['policy_version']}, "
                 f"{state['env_steps']} env frames); onnxruntime matches torch within {worst:.1e}")
         files.append((out_dir / f"policy_p{p}.onnx", data, note))
     try:

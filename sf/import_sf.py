@@ -355,7 +355,7 @@ def import_policy(cfg, obs_space, action_space, policy: int, path: Path, sf_stat
     from sf.learning.checkpoint import make_checkpoint_state
     from sf.learning.learner import checkpoint_meta
     from sf.model.actor_critic import create_actor_critic
-    from sf.processes.shared_state import HYPERPARAMS
+    from sf.processes.shared_state import shared_hyperparams
     model = create_actor_critic(cfg, obs_space, action_space)
     try:
         plan = weight_plan(sf_state["model"], model)
@@ -373,7 +373,7 @@ def import_policy(cfg, obs_space, action_space, policy: int, path: Path, sf_stat
         schedule.update(adapted_rate=float(curr_lr), adapted_from=float(cfg.learning_rate))
     appo.load_training_state({"lr_schedule": schedule})  # (and the rate in force: the checkpoint's lr)
     extra = {"minibatch_rng": appo.generator.get_state(), "policy_id": policy,
-             "hyperparams": {k: float(getattr(cfg, k)) for k in HYPERPARAMS}, "world_size": 1,
+             "hyperparams": shared_hyperparams(cfg), "world_size": 1,
              **appo.training_state(), "imported_from": str(path)}
     state = make_checkpoint_state(model, appo.optimizer if why is None else None, version, frames,
                                   checkpoint_meta(cfg, obs_space, action_space, model), extra=extra)

@@ -49,7 +49,7 @@ WORD = 2**32
 
 def run_seed(cfg) -> int:
     """The run's seed (train.py always resolves one; a cfg built by hand without one counts as seed 0)."""
-    return getattr(cfg, "seed", None) or 0
+    return cfg.seed or 0
 
 
 def rank_seed(seed: int, rank: int) -> int:

@@ -4,10 +4,9 @@ Every entry is `dict(name, type, default, help, choices=None, **extra)` and says
 (sf/cfg/ checks them for the command line, presets and saved config.json alike): a number declares
 `min_value` and `max_value` (inclusive unless `min_exclusive` / `max_exclusive` is True; floats must also be
 finite), a string `choices` or `check` ("path": non-empty, no control characters); a default of None makes
-None a valid value too. The env code reads them as attributes of the cfg namespace through
-`get_param(cfg, name)`, which falls back to the table default when a cfg (e.g. a hand-made
-`types.SimpleNamespace` in a test) lacks the attribute. `env_cfg(env, **overrides)` builds a complete
-namespace from these defaults, for tests and scripts that do not use `sf/cfg/`.
+None a valid value too. The env code reads them as attributes of the cfg (sf.cfg's Config) through `get_param(cfg, name)`, which gives the
+table default when there is no cfg. `env_cfg(env, **overrides)` builds a complete namespace from these defaults,
+for tests and scripts that do not use `sf/cfg/`.
 
 Reward-shaping coefficients are the values of Sample Factory's VizDoom reward-shaping scheme
 (paper, appendix A.3); "per unit" means per unit of change of the game variable between two steps.
@@ -120,10 +119,11 @@ _DEFAULTS = {p["name"]: p["default"] for p in ENV_PARAMS}
 
 
 def get_param(cfg: Any, name: str) -> Any:
-    """cfg.<name>, or the table default when cfg is None or lacks it."""
+    """cfg.<name> (a Config, or env_cfg's namespace: both hold every env parameter), or the table default when cfg is
+    None."""
     if name not in _DEFAULTS:
         raise KeyError(f"unknown env parameter {name!r}")
-    return getattr(cfg, name, _DEFAULTS[name]) if cfg is not None else _DEFAULTS[name]
+    return _DEFAULTS[name] if cfg is None else getattr(cfg, name)
 
 
 def env_cfg(env: str, seed: int | None = None, **overrides) -> types.SimpleNamespace:

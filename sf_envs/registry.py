@@ -75,7 +75,7 @@ def _atari_specs() -> dict[str, EnvSpec]:
 
     def check(cfg):
         if importlib.util.find_spec("ale_py") is None:
-            raise EnvUnavailableError(f"env {getattr(cfg, 'env', 'atari_*')} needs ale-py (ROMs included): pip install ale-py")
+            raise EnvUnavailableError(f"env {cfg.env if cfg is not None else 'atari_*'} needs ale-py (ROMs included): pip install ale-py")
 
     return {f"atari_{g}": EnvSpec(f"atari_{g}", "atari", 4, None, f"Atari 2600 {g} (ALE)", factory=factory_for(g), check=check)
             for g in atari_games()}

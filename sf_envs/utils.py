@@ -38,7 +38,7 @@ def derive_seed(base_seed: Optional[int], env_index: int) -> Optional[int]:
 
 
 def cfg_seed(cfg) -> Optional[int]:
-    return getattr(cfg, "seed", None) if cfg is not None else None
+    return cfg.seed if cfg is not None else None
 
 
 def data_dir(name: str) -> Path:

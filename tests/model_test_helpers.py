@@ -1,32 +1,14 @@
 """Helpers for tests/model and tests/learning: a small cfg and synthetic observation/action spaces and batches."""
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import torch
 from gymnasium import spaces
 
-# Every cfg field the model and the learner read, at the brief's defaults.
-DEFAULTS = dict(
-    use_rnn=True, rnn_type="gru", rnn_size=512, encoder_conv_architecture="auto", encoder_mlp_layers=[512, 512],
-    hidden_size=512, nonlinearity="elu", normalize_input=True, normalize_returns=False, learning_rate=1e-4,
-    adam_eps=1e-6, adam_beta1=0.9, adam_beta2=0.999, gamma=0.99, with_vtrace=True, vtrace_rho=1.0, vtrace_c=1.0,
-    gae_lambda=0.95, ppo_clip_ratio=0.1, ppo_clip_value=1.0, exploration_loss_coeff=0.003, value_loss_coeff=0.5,
-    max_grad_norm=4.0, normalize_advantage=True, max_policy_lag=100, rollout=32, recurrence=32, batch_size=2048,
-    num_epochs=1, num_batches_per_epoch=1,
-)
-
 
 def make_cfg(**overrides):
-    """sf.cfg.default_cfg when the lead's cfg module exists, else a SimpleNamespace of DEFAULTS."""
-    try:
-        from sf.cfg import default_cfg
-    except ImportError:
-        cfg = types.SimpleNamespace(**{k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS.items()})
-        for k, v in overrides.items():
-            setattr(cfg, k, v)
-        return cfg
+    """The table defaults (sf.cfg.default_cfg) with `overrides`."""
+    from sf.cfg import default_cfg
     return default_cfg(**overrides)
 
 

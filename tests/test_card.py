@@ -60,7 +60,7 @@ def test_card_of_a_run_not_evaluated(exp_dir, tmp_path):
     argv = shlex.split(command)
     assert argv[:2] == ["python", "train.py"] and "--learning_rate" in argv and "--seed" in argv
     argv[argv.index("--train_dir") + 1] = str(tmp_path)
-    cfg = vars(parse_cfg(argv[2:], mode="train"))
+    cfg = parse_cfg(argv[2:], mode="train").as_dict()
     saved = json.loads((exp_dir / "config.json").read_text())
     for p in all_params():
         if p.scope != "enjoy" and p.name not in ("train_dir", "restart_behavior"):

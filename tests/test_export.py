@@ -66,7 +66,7 @@ def torch_policy(exp_dir, policy: int, checkpoint_name: str):
     from sf.export import experiment_cfg
     cfg = experiment_cfg(exp_dir, "test")
     env = open_env(cfg)
-    cfg.load_checkpoint_kind = "best" if checkpoint_name.startswith("best_") else "latest"
+    cfg = cfg.replace(load_checkpoint_kind="best" if checkpoint_name.startswith("best_") else "latest")
     model, state = load_policy(cfg, env.observation_space, env.action_space, torch.device("cpu"), policy)
     assert os.path.basename(state["path"]) == checkpoint_name
     return env, model

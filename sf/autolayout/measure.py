@@ -3,7 +3,6 @@ docstring), the check run of a layout (a short train.py run and its steady frame
 the cached layout, or one measured now in a spawned child process."""
 from __future__ import annotations
 
-import copy
 import math
 import multiprocessing as mp
 import re
@@ -81,9 +80,7 @@ def measure_sampling(cfg, obs_space, action_space, envs: int, device: str, secon
     from sf.sampling.policy_worker import PolicyWorker
     from sf.sampling.rollout_worker import RolloutWorker
     from sf_envs.registry import env_spec
-    c = copy.copy(cfg)
-    c.num_workers, c.num_envs_per_worker, c.worker_num_splits, c.num_policies = 1, envs, 1, 1
-    c.sync_mode = "async"
+    c = cfg.replace(num_workers=1, num_envs_per_worker=envs, worker_num_splits=1, num_policies=1, sync_mode="async")
     agents = env_spec(cfg.env, cfg).num_agents
     model = create_actor_critic(c, obs_space, action_space)
     n = 2 * envs * agents
@@ -267,8 +264,7 @@ def measure_learner(cfg, obs_space, action_space, device: str, frameskip: int, b
     out = {}
     each = seconds / (len(batch_sizes) * len(thread_counts))
     for B in batch_sizes:
-        c = copy.copy(cfg)
-        c.batch_size = B
+        c = cfg.replace(batch_size=B)
         model = run_precision(c, create_actor_critic(c, obs_space, action_space).to(device), device)
         appo = APPO(model, c, device, frames_per_sample=frameskip)
         samples = B * c.num_batches_per_epoch

@@ -1,6 +1,7 @@
 """Parameters of train.py and enjoy.py: one table, presets per env family, validation, config.json.
 
     params.py         the table (`PARAMS`, grouped by concern) and the env integrations' parameters
+    config.py         `Config`: one run's parameters as a frozen, typed value generated from the table
     string_checks.py  checks of string values: paths, the experiment name, W&B names
     sf_compat.py      Sample Factory's flag names: aliases, refusals, flags without meaning here
     validate.py       conversion and checks of one value, of a whole configuration (`verify`), the device
@@ -41,14 +42,15 @@ is accepted, anything else is one line naming the flag), or has no meaning here 
 not stored, one line in the run log via cfg._notes). Booleans take Sample Factory's spellings too (t/f),
 and a bare boolean flag of theirs means True.
 
-`parse_cfg` returns an `argparse.Namespace` and writes nothing (it reads the preset and the saved config.json).
+`parse_cfg` returns a `Config` (frozen: a variant is `cfg.replace(...)`) and writes nothing (it reads the preset and
+the saved config.json).
 Bad input raises `ConfigError`, whose message is one line; entry points print it and exit with code 2
 (`cli_main`). A failure that is not the user's input (an OS error writing config.json) raises `RunError`: one line,
 exit code 1. config.json is written by `save_cfg`, which the runner calls only after every check has passed:
 atomically (sf/utils/files.py: temporary file, fsync, rename, fsync of the directory).
 """
-from sf.cfg.params import (LIST_MAX_LEN, NAMED_CHECKS, PARAMS, Param, all_params, default_cfg, optional_int,
-                           optional_str, str2bool)
+from sf.cfg.config import Config, default_cfg, make_config
+from sf.cfg.params import LIST_MAX_LEN, NAMED_CHECKS, PARAMS, Param, all_params, optional_int, optional_str, str2bool
 from sf.cfg.parse import (CONFIGS_DIR, FAMILIES_WITH_PRESETS, REPO_ROOT, OneLineArgumentParser, build_parser,
                           cli_main, load_preset, parse_cfg, run_guarded, save_cfg)
 from sf.cfg.sf_compat import SF_FLAGS, SFFlag, apply_sf_aliases, check_sf_flags
@@ -60,11 +62,11 @@ from sf.cfg.validate import (MAX_SAMPLES_PER_TRAINING_BATCH, MAX_TOTAL_ENVS, Val
 from sf.utils.errors import ConfigError, RunError
 
 __all__ = [
-    "CONFIGS_DIR", "EXPERIMENT_NAME_CHARS", "EXPERIMENT_NAME_MAX_LEN", "FAMILIES_WITH_PRESETS", "LIST_MAX_LEN",
+    "CONFIGS_DIR", "Config", "EXPERIMENT_NAME_CHARS", "EXPERIMENT_NAME_MAX_LEN", "FAMILIES_WITH_PRESETS", "LIST_MAX_LEN",
     "MAX_SAMPLES_PER_TRAINING_BATCH", "MAX_TOTAL_ENVS", "NAMED_CHECKS", "PARAMS", "PATH_MAX_BYTES", "REPO_ROOT",
     "SF_FLAGS", "ConfigError", "OneLineArgumentParser", "Param", "RunError", "SFFlag", "ValueProblem",
     "all_params", "apply_sf_aliases", "build_parser", "check_sf_flags", "check_value", "cli_main", "convert",
-    "default_cfg", "default_experiment_name", "experiment_dir", "load_preset", "optional_int", "optional_str",
+    "default_cfg", "default_experiment_name", "make_config", "experiment_dir", "load_preset", "optional_int", "optional_str",
     "parse_cfg", "range_text", "resolve_device", "run_guarded", "save_cfg", "scale_envs_per_worker", "str2bool",
     "sync_minibatches", "validate_experiment_name", "validate_train_dir", "value_kind", "verify",
 ]

@@ -416,16 +416,6 @@ def all_params() -> list[Param]:
     return params
 
 
-def default_cfg(**overrides) -> argparse.Namespace:
-    """Every parameter at its table default (no preset), with `overrides` applied. For tests and scripts."""
-    cfg = argparse.Namespace(**{p.name: copy_default(p.default) for p in all_params()})
-    for k, v in overrides.items():
-        if not hasattr(cfg, k):
-            raise ConfigError(f"unknown parameter {k!r}")
-        setattr(cfg, k, v)
-    return cfg
-
-
 def copy_default(v):
     """A default of the table for one configuration: a list is copied (a run may not change the table's)."""
     return list(v) if isinstance(v, list) else v

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from sf.cfg.config import Config, make_config
 from sf.cfg.params import NOT_RESUMED, Param, all_params, copy_default
 from sf.cfg.sf_compat import SF_DEST, SF_FLAGS, SF_VALUES, apply_sf_aliases, check_sf_flags, sf_flag_help
 from sf.cfg.string_checks import default_experiment_name, validate_experiment_name, validate_train_dir
@@ -150,13 +151,12 @@ def load_preset(env_name: str, family: str) -> dict:
 def save_cfg(cfg, exp_dir: Path) -> Path:
     """Write the resolved configuration as exp_dir/config.json, atomically (write_json_atomic). Creates exp_dir if
     needed. Call it only after every check has passed. An OS error raises RunError (one line naming the file)."""
-    values = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}  # parameters only (not cfg._notes)
-    return write_json_atomic(Path(exp_dir) / "config.json", values)
+    return write_json_atomic(Path(exp_dir) / "config.json", cfg.as_dict())  # parameters only (not cfg._notes)
 
 
 # --- one configuration, layer over layer ----------------------------------------------------------------------------
 def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: str = "train.py",
-              auto_layout: Optional[Callable] = None) -> argparse.Namespace:
+              auto_layout: Optional[Callable] = None) -> Config:
     """Resolve the configuration of one run (see the module docstring for the layers). Raises ConfigError.
     Reads the preset and the saved config.json; writes nothing.
 
@@ -193,18 +193,17 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
         pre["worker_num_splits"] = values["worker_num_splits"] if "worker_num_splits" in explicit else 1  # fits any
         pre["num_envs_per_worker"] = values["num_envs_per_worker"] if "num_envs_per_worker" in explicit else \
             pre["worker_num_splits"]
-        verify(argparse.Namespace(**pre), mode)
-        source, layout, note = auto_layout(argparse.Namespace(**values), frozenset(explicit))
+        verify(make_config(pre), mode)
+        source, layout, note = auto_layout(make_config(values), frozenset(explicit))
         values.update({k: from_file(source, k, params[k], v) for k, v in layout.items() if k not in explicit})
         notes.append(note)
     if mode == "train":
         envs_given = "num_envs_per_worker" in explicit or "num_envs_per_worker" in saved or auto
         notes += _training_defaults(values, envs_given)
-    cfg = argparse.Namespace(**values)
+    # _notes: for the log (not saved); _explicit: the parameters given on the command line (a resumed PBT run: over
+    # its state), --num_workers auto one of them
+    cfg = make_config(values, _notes=tuple(notes), _explicit=frozenset(explicit) | ({"num_workers"} if auto else set()))
     verify(cfg, mode)
-    cfg._notes = notes  # for the log; not a parameter, not saved
-    # the parameters given on the command line (a resumed PBT run: over its state); --num_workers auto is one of them
-    cfg._explicit = frozenset(explicit) | ({"num_workers"} if auto else set())
     return cfg
 
 
@@ -272,7 +271,7 @@ def _training_defaults(values: dict, envs_given: bool) -> list[str]:
 
 
 # --- entry points -----------------------------------------------------------------------------------------------------
-def cli_main(main: Callable[[argparse.Namespace], int], mode: str, prog: str, argv=None,
+def cli_main(main: Callable[[Config], int], mode: str, prog: str, argv=None,
              auto_layout: Optional[Callable] = None) -> int:
     """Parse the command line, run `main(cfg)`; errors as in run_guarded."""
     return run_guarded(prog, lambda: main(parse_cfg(argv, mode=mode, prog=prog, auto_layout=auto_layout)))

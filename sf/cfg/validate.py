@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from sf.cfg.params import (LIST_MAX_LEN, Param, all_params, optional_float, optional_int, optional_str, str2bool,
                            to_int)
+from sf.cfg.shape import num_envs
 from sf.cfg.string_checks import shown, shown_str, validate_experiment_name, validate_train_dir
 from sf.processes.control import usable_cores
 from sf.utils.errors import ConfigError
@@ -168,7 +169,7 @@ def experiment_dir(cfg) -> Path:
 def sync_minibatches(cfg) -> int:
     """--sync_mode hts/ppo: SGD steps per epoch, each on --batch_size samples of the training batch (one --rollout of
     every env); a --batch_size at least that large makes it one step on the whole batch."""
-    return max(1, cfg.num_workers * cfg.num_envs_per_worker * cfg.rollout // cfg.batch_size)
+    return max(1, num_envs(cfg) * cfg.rollout // cfg.batch_size)
 
 
 def scale_envs_per_worker(envs: int, workers: int, splits: int, cores: Optional[int] = None) -> int:
@@ -188,9 +189,9 @@ def verify(cfg, mode: str = "train") -> None:
     one-line message naming the flag. Checks only: creates and writes nothing."""
     for p in all_params():
         try:
-            check_value(p, getattr(cfg, p.name, None))
+            check_value(p, getattr(cfg, p.name))
         except ValueProblem as e:
-            if p.name == "env" and getattr(cfg, "env", None) is None:
+            if p.name == "env" and cfg.env is None:
                 raise ConfigError("--env is required, e.g. --env doom_basic (see --help)") from None
             raise ConfigError(problem_message(f"--{p.name}", str(e))) from None
     validate_train_dir(cfg.train_dir)
@@ -198,10 +199,9 @@ def verify(cfg, mode: str = "train") -> None:
     if cfg.num_envs_per_worker % cfg.worker_num_splits:
         raise ConfigError(f"--num_envs_per_worker ({cfg.num_envs_per_worker}) must be divisible by "
                           f"--worker_num_splits ({cfg.worker_num_splits})")
-    if cfg.num_workers * cfg.num_envs_per_worker > MAX_TOTAL_ENVS:
+    if num_envs(cfg) > MAX_TOTAL_ENVS:
         raise ConfigError(f"--num_workers x --num_envs_per_worker must be at most {MAX_TOTAL_ENVS} envs in all "
-                          f"(got {cfg.num_workers} x {cfg.num_envs_per_worker} = "
-                          f"{cfg.num_workers * cfg.num_envs_per_worker})")
+                          f"(got {cfg.num_workers} x {cfg.num_envs_per_worker} = {num_envs(cfg)})")
     if cfg.batch_size % cfg.rollout:
         raise ConfigError(f"--batch_size ({cfg.batch_size}) must be a multiple of --rollout ({cfg.rollout})")
     samples = cfg.batch_size * cfg.num_batches_per_epoch
@@ -213,12 +213,12 @@ def verify(cfg, mode: str = "train") -> None:
         raise ConfigError(f"--sampler_only measures the asynchronous sampler alone; with --sync_mode {cfg.sync_mode} "
                           "every interval waits for the learner: use --sync_mode async")
     if mode == "train" and cfg.sync_mode != "async":
-        per_batch = cfg.num_workers * cfg.num_envs_per_worker * cfg.rollout
+        per_batch = num_envs(cfg) * cfg.rollout
         if cfg.batch_size < per_batch and per_batch % cfg.batch_size:
             raise ConfigError(f"--sync_mode {cfg.sync_mode}: a training batch is one --rollout of every env "
                               f"({cfg.num_workers} x {cfg.num_envs_per_worker} x {cfg.rollout} = {per_batch} samples); "
                               f"--batch_size ({cfg.batch_size}) must divide it (or be at least {per_batch})")
-    if mode == "train" and cfg.sync_mode != "async" and getattr(cfg, "precision", "auto") == "bfloat16":
+    if mode == "train" and cfg.sync_mode != "async" and cfg.precision == "bfloat16":
         raise ConfigError(f"--precision bfloat16: --sync_mode {cfg.sync_mode} computes in float32 (its bit-for-bit "
                           "guarantee across layouts is float32's); use --precision auto or float32")
     if mode == "train" and cfg.num_policies > 1 and cfg.sync_mode != "async":
@@ -238,7 +238,7 @@ def verify(cfg, mode: str = "train") -> None:
         raise ConfigError(f"{flag} {v} applies to the learned state-independent std of --adaptive_stddev False; with "
                           "--adaptive_stddev True the std is an output of the network: give --adaptive_stddev False")
     if mode == "train" and cfg.num_traj_buffers and cfg.sync_mode == "async":  # (hts/ppo: two slots per env)
-        need = cfg.num_workers * cfg.num_envs_per_worker + samples // cfg.rollout
+        need = num_envs(cfg) + samples // cfg.rollout
         if cfg.num_traj_buffers < need:
             raise ConfigError(f"--num_traj_buffers ({cfg.num_traj_buffers}) must be 0 or at least num_workers x "
                               f"num_envs_per_worker + batch_size x num_batches_per_epoch / rollout = {need}")

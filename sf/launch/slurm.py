@@ -77,13 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _options(args) -> SimpleNamespace:
     """The Slurm options of `args`, checked (SweepError: one line naming the flag)."""
-    o = SimpleNamespace(partition=getattr(args, "slurm_partition", None),
-                        cpus=getattr(args, "slurm_cpus_per_task", None),
-                        gpus=getattr(args, "slurm_gpus_per_task", 0),
-                        time=getattr(args, "slurm_time", None),
-                        ranks=getattr(args, "slurm_ranks_per_task", 1),
-                        extra=getattr(args, "slurm_sbatch_args", ""),
-                        max_parallel=getattr(args, "max_parallel", None))
+    o = SimpleNamespace(partition=args.slurm_partition, cpus=args.slurm_cpus_per_task, gpus=args.slurm_gpus_per_task,
+                        time=args.slurm_time, ranks=args.slurm_ranks_per_task, extra=args.slurm_sbatch_args,
+                        max_parallel=args.max_parallel)
     if o.cpus is not None and o.cpus < 1:
         raise SweepError(f"--slurm_cpus_per_task {o.cpus}: give 1 or more cores")
     if o.gpus < 0:
@@ -283,7 +279,7 @@ def launch(sweep: Sweep, args, out=None) -> int:
     """Submit the runs not done yet as one job array (or print the script and command: --dry_run). Exit code: 0
     submitted (or nothing to do); SweepError (exit 2, nothing submitted) when Slurm cannot be reached or refuses."""
     o = _options(args)
-    dry_run = bool(getattr(args, "dry_run", False))
+    dry_run = bool(args.dry_run)
     todo, skipped = [], []
     for run in sweep.runs:
         st = run_state(run, read_events=False)

@@ -85,7 +85,7 @@ class APPO:
         if problem:
             raise ValueError(problem)
         self.set_hyperparams(**cfg_hyperparams(cfg))
-        sync = getattr(cfg, "sync_mode", "async") != "async"
+        sync = cfg.sync_mode != "async"
         self.num_minibatches = sync_minibatches(cfg) if sync else int(cfg.num_batches_per_epoch)
         self.max_policy_lag = float("inf") if sync else cfg.max_policy_lag
         # the minibatch order's generator lives on the host whatever the device: its state (a CPU generator's 5,056

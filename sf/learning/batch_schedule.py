@@ -6,7 +6,7 @@ order they arrived; a batcher thread collects the next batch while one trains (s
 are published after every SGD step.
 
 hts/ppo (HTS-RL): no batcher thread. A training batch is one rollout interval k of every env (slots
-(k % 2) * num_envs + env index, in that order: a fixed composition, whatever order they arrived in). hts: take batch
+(k % 2) * agents + agent index, in that order: a fixed composition, whatever order they arrived in). hts: take batch
 k, publish the weights trained on batch k-1, let interval k+1 start, train on batch k (collection of k+1 overlaps it;
 policy lag exactly one batch after the first). ppo: take batch k, train, publish, let interval k+1 start (lag 0).
 Weights change for the actors only at these batch boundaries, and a --train_for_env_steps budget ends the run right
@@ -29,12 +29,8 @@ class AsyncSchedule:
         self.learner = learner
 
     @staticmethod
-    def trajs_per_batch(cfg, num_envs: int) -> int:
-        return cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
-
-    @staticmethod
     def torch_threads(cores: int, cfg) -> int:
-        return max(1, cores // 2 // getattr(cfg, "num_policies", 1))  # a population's learners share the cores
+        return max(1, cores // 2 // cfg.num_policies)  # a population's learners share the cores
 
     def order_batch(self, pending: list) -> None:
         """The batch's slots in training order: the order they came in."""
@@ -92,15 +88,11 @@ class IntervalSchedule:
         self.published: dict[int, int] = {}  # batches trained on -> the policy version published after them
         self.budget_done = False
 
-    @staticmethod
-    def trajs_per_batch(cfg, num_envs: int) -> int:
-        return num_envs
-
     def order_batch(self, pending: list) -> None:
         """Batch k's slots in env order (sorted in place), checked: one interval of every env."""
         pending.sort()
-        num_envs = self.learner.num_envs
-        expected = list(range((self.batch % 2) * num_envs, (self.batch % 2 + 1) * num_envs))
+        agents = self.learner.shape.agents
+        expected = list(range((self.batch % 2) * agents, (self.batch % 2 + 1) * agents))
         if pending != expected:
             raise RuntimeError(f"--sync_mode {self.mode}: batch {self.batch} got slots {pending[:8]}..., "
                                f"expected {expected[0]}..{expected[-1]}")
@@ -195,4 +187,4 @@ SCHEDULES = {"async": AsyncSchedule, "hts": HtsSchedule, "ppo": PpoSchedule}
 
 def schedule_class(cfg) -> type:
     """The batch schedule of cfg.sync_mode (the one place the mode is read for the learner)."""
-    return SCHEDULES[getattr(cfg, "sync_mode", "async")]
+    return SCHEDULES[cfg.sync_mode]

@@ -44,6 +44,7 @@ import time
 import torch
 
 from sf import distributed
+from sf.cfg.shape import RunShape
 from sf.learning.appo import APPO, cfg_hyperparams
 from sf.learning.batch_schedule import schedule_class
 from sf.learning.batcher import Batcher
@@ -55,7 +56,7 @@ from sf.model.actor_critic import create_actor_critic, run_precision
 from sf.processes.control import usable_cores
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, VERSION,
-                                      learner_name)
+                                      learner_name, shared_hyperparams)
 from sf.processes.slot_ledger import SlotLedger
 from sf.seeding import MODEL, run_seed, stream_seed
 
@@ -83,22 +84,22 @@ def model_options(cfg) -> dict:
     tell them apart), and those that change its structure: resuming or watching with another would run the weights
     through another function (or fail on their names)."""
     options = {"nonlinearity": cfg.nonlinearity}
-    options.update({k: getattr(cfg, k) for k, before in LATER_MODEL_OPTIONS.items() if getattr(cfg, k, before) != before})
+    options.update({k: getattr(cfg, k) for k, before in LATER_MODEL_OPTIONS.items() if getattr(cfg, k) != before})
     return options
 
 
 class Learner:
     def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                 frameskip: int, num_agents: int = 1, policy_id: int = 0, all_weights: list | None = None,
+                 frameskip: int, shape: RunShape | None = None, policy_id: int = 0, all_weights: list | None = None,
                  replacement: bool = False, world: distributed.World | None = None):
-        """frameskip: env frames per env step, num_agents: agents per env (the env's spec: the learner counts frames,
-        it knows no env). queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
+        """frameskip: env frames per env step (the env's spec: the learner counts frames, it knows no env); shape: the
+        run's sizes (sf/cfg/shape.py: agents, trajectories per batch), the runner's; None: those of a single-agent env. queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
         replacement: this learner replaces one that died (see the module docstring). world: the data-parallel ranks
         (torchrun; default one rank)."""
         self.cfg, self.buffers, self.queues = cfg, buffers, queues
         self.policy_id, self.all_weights = policy_id, all_weights or [shared_weights]
-        self.population = getattr(cfg, "num_policies", 1) > 1
-        self.masks_steps = self.population or num_agents > 1  # (see Batcher.collect)
+        self.population, self.shape = cfg.num_policies > 1, shape or RunShape.of(cfg, agents_per_env=1)
+        self.masks_steps = self.population or self.shape.agents_per_env > 1  # (see Batcher.collect)
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
         name = learner_name(policy_id, shared_state.num_policies)
         self.heartbeat = shared_state.heartbeat_slot(name)
@@ -123,11 +124,10 @@ class Learner:
                                              save_best_metric=cfg.save_best_metric,
                                              read_only=self.world.rank > 0)  # rank 0's directory: only it writes
         self.frames_per_traj = cfg.rollout * frameskip
-        self.num_envs = cfg.num_workers * cfg.num_envs_per_worker * num_agents  # agents: one trajectory stream each
-        self.trajs_per_batch = self.schedule.trajs_per_batch(cfg, self.num_envs)
+        self.trajs_per_batch = self.shape.trajs_per_batch
         self.version, self.env_steps = 0, 0
         self.last_save = self.last_milestone = time.time()
-        self.hyperparams = {k: float(getattr(cfg, k)) for k in HYPERPARAMS}
+        self.hyperparams = shared_hyperparams(cfg)
         self.copy_pending: tuple[int, float] | None = None  # PBT: (request number, time.monotonic() of its first try)
         self.copy_scratch: torch.nn.Module | None = None  # PBT: a copy lands here first (whole, or not at all)
         self.ledger = SlotLedger(shared_state, name, policy_id)  # (its moves of slots: the batcher's)
@@ -359,12 +359,12 @@ def learner_threads(cfg) -> int:
 
 
 def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                frameskip, num_agents=1, policy_id=0, all_weights=None, replacement=False) -> None:
+                frameskip, shape, policy_id=0, all_weights=None, replacement=False) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
     share them). Its data-parallel rank comes from torchrun's environment (inherited through the fork server)."""
     from sf.processes.control import bind_device, limit_threads
     bind_device(device)
     limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                      frameskip, num_agents, policy_id, all_weights, replacement, distributed.world_from_env())
+                      frameskip, shape, policy_id, all_weights, replacement, distributed.world_from_env())
     learner.run()

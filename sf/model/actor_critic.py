@@ -62,7 +62,7 @@ class ActorCritic(nn.Module):
         self.core = self._make_core(cfg, self.encoder.out_size)
         self.critic_encoder: Optional[ObsEncoder] = None  # separate weights: the critic's own encoder and core
         self.critic_core: Optional[nn.Module] = None
-        if not getattr(cfg, "actor_critic_share_weights", True):
+        if not cfg.actor_critic_share_weights:
             self.critic_encoder = ObsEncoder(cfg, obs_space, channels_last=channels_last)
             self.critic_core = self._make_core(cfg, self.critic_encoder.out_size)
         self.state_sizes = [int(c.state_size) for c in (self.core, self.critic_core) if c is not None]
@@ -74,21 +74,21 @@ class ActorCritic(nn.Module):
         # Box actions without adaptive stddev: the heads give the means, the log-stds are a learned parameter
         self.action_log_std: Optional[nn.Parameter] = None
         self.tanh_scale = 0.0
-        if not heads and not getattr(cfg, "adaptive_stddev", True):
+        if not heads and not cfg.adaptive_stddev:
             means = self.num_action_logits // 2
-            self.action_log_std = nn.Parameter(torch.full((means,), math.log(getattr(cfg, "initial_stddev", 1.0))))
-            self.tanh_scale = float(getattr(cfg, "continuous_tanh_scale", 0.0))
+            self.action_log_std = nn.Parameter(torch.full((means,), math.log(cfg.initial_stddev)))
+            self.tanh_scale = float(cfg.continuous_tanh_scale)
             heads = [means]
         sizes = heads if heads else [self.num_action_logits]
         self.action_heads = nn.ModuleList(nn.Linear(core_out, n) for n in sizes)
         self.critic = nn.Linear((self.critic_core or self.core).out_size, 1)
         self.returns_normalizer: Optional[RunningMeanStd] = (
-            RunningMeanStd((), clip=None) if getattr(cfg, "normalize_returns", False) else None)
-        self._init_weights(getattr(cfg, "policy_initialization", "orthogonal"), getattr(cfg, "policy_init_gain", None))
+            RunningMeanStd((), clip=None) if cfg.normalize_returns else None)
+        self._init_weights(cfg.policy_initialization, cfg.policy_init_gain)
 
     def _make_core(self, cfg, in_size: int) -> nn.Module:
         if self.is_recurrent:
-            return RecurrentCore(in_size, cfg.rnn_type, cfg.rnn_size, getattr(cfg, "rnn_num_layers", 1))
+            return RecurrentCore(in_size, cfg.rnn_type, cfg.rnn_size, cfg.rnn_num_layers)
         return IdentityCore(in_size)
 
     def _init_weights(self, scheme: str, gain: Optional[float]) -> None:
@@ -266,8 +266,8 @@ def run_precision(cfg, model: ActorCritic, device, deterministic: Optional[bool]
     """Set model.compute_dtype as the run's processes set it: --precision resolved on `device` (resolve_precision),
     deterministic in the sync modes unless `deterministic` says otherwise (a policy worker evaluating). Returns model."""
     if deterministic is None:
-        deterministic = getattr(cfg, "sync_mode", "async") != "async"
-    model.compute_dtype = resolve_precision(getattr(cfg, "precision", "float32"), model, device, deterministic)
+        deterministic = cfg.sync_mode != "async"
+    model.compute_dtype = resolve_precision(cfg.precision, model, device, deterministic)
     return model
 
 

@@ -60,6 +60,13 @@ from sf.utils.packed import PackedTensors
 ENV_STEPS, VERSION, FINISHED = 0, 1, 2
 COPIES_REQUESTED, COPIES_HANDLED = 0, 1  # columns of copy_requests
 HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "adam_beta1")
+
+
+def shared_hyperparams(cfg) -> dict[str, float]:
+    """The configuration's values of the HYPERPARAMS (a policy's starting point; PBT mutates them)."""
+    return {k: float(getattr(cfg, k)) for k in HYPERPARAMS}
+
+
 # slot_owner codes: >= 0 with that rollout worker (filling it, or full and not yet marked for a learner); FREE on the free
 # list; queued(p) on learner p's queue; held(p) with learner p (its pending trajectories and the batch it copies out).
 # Who writes them: a rollout worker marks a slot its own after taking it off the free list and queued(p) before putting

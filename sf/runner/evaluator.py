@@ -13,6 +13,7 @@ import time
 import torch
 
 from sf.buffers.shared_weights import SharedWeights
+from sf.cfg.shape import RunShape
 from sf.policy_loading import load_policy
 from sf.processes.control import bind_device
 from sf.runner.runner import Runner
@@ -33,7 +34,7 @@ class Evaluator(Runner):
         self.policies = sorted(set(self.plan.players))
         self.models = {p: load_policy(cfg, self.obs_space, self.action_space, torch.device("cpu"), p)
                        for p in self.policies}
-        self.num_slots = len(self.plan.quotas)
+        self.shape = RunShape.of_evaluation(cfg, self.spec.num_agents, slots=len(self.plan.quotas))
         self._check_memory(self.models[self.policies[0]][0], env_bytes)
         self.population = None
         self.rows: list[dict] = []

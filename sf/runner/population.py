@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 from sf.cfg import ConfigError, RunError
-from sf.processes.shared_state import COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, HYPERPARAMS
+from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, HYPERPARAMS,
+                                      shared_hyperparams)
 from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
 from sf.seeding import PBT, run_seed, stream_seed
 from sf.utils.files import write_json_atomic
@@ -44,7 +45,7 @@ STATE_FILE = "pbt_state.json"
 def initial_hyperparams(cfg, shaping: dict[str, float]) -> dict[str, float]:
     """Every policy's starting point: the configuration's learning rate, entropy coefficient, Adam beta1, and the env's
     reward-shaping coefficients."""
-    return {**{k: float(getattr(cfg, k)) for k in HYPERPARAMS}, **shaping}
+    return {**shared_hyperparams(cfg), **shaping}
 
 
 def fill_shared(state, hyper: list[dict]) -> None:
@@ -86,7 +87,7 @@ class PopulationControl:
             except ValueError as e:  # malformed JSON or a state of another population
                 raise ConfigError(f"{self.path}: {' '.join(str(e).split())} (move it aside to start PBT afresh)") from None
             self.resumed = True
-            self._apply_flags(getattr(cfg, "_explicit", frozenset()))
+            self._apply_flags(cfg._explicit)
 
     def _apply_flags(self, given) -> None:
         """A resumed run: a mutable hyperparameter given as a flag (`given`: the parameters on the command line) is

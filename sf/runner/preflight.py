@@ -1,7 +1,7 @@
 """Pre-flight: everything train.py does before the run starts, in the order run_training does it. The console (and a
 buffer for the log file) first, background errors as one line each, torchrun's world; then the checks, each refusing a
 run in one line before anything is written or allocated: the env runs (probe_env), the trajectory slots hold a batch
-(trajectory_slots), the run fits in memory (check_memory), the checkpoint to resume fits this env and model
+(RunShape.of, sf/cfg/shape.py), the run fits in memory (check_memory), the checkpoint to resume fits this env and model
 (check_checkpoint), a resumed experiment has frames left to train (already_trained); only then, under the
 experiment's lock, the experiment directory (prepare_experiment_dir) and its log file (setup_logging).
 """
@@ -22,6 +22,7 @@ import torch
 from sf import distributed
 from sf.buffers.trajectory_buffers import obs_bytes, shm_available_bytes, shm_used_bytes
 from sf.cfg import ConfigError, RunError, experiment_dir
+from sf.cfg.shape import num_envs
 from sf.learning.checkpoint import CheckpointError, check_compatible
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG
@@ -84,17 +85,17 @@ def report_background_errors() -> None:
     logging.raiseExceptions = False
 
 
-def data_parallel_world(cfg) -> distributed.World:
+def data_parallel_world(cfg) -> tuple[object, distributed.World]:
     """This process's rank when torchrun started it (sf/distributed.py: the learners of all ranks average their
     gradients); one rank otherwise. Refuses what data-parallel runs do not support, gives the rank its share of the
     machine's cores (ranks of one machine split them) and, past rank 0, streams of its own for envs, actions and
-    minibatches (the weights are rank 0's, broadcast at start)."""
+    minibatches (the weights are rank 0's, broadcast at start). Returns (the rank's cfg, world)."""
     try:
         world = distributed.world_from_env()
     except ValueError as e:
         raise ConfigError(f"torchrun's environment: {e}") from None
     if not world.distributed:
-        return world
+        return cfg, world
     for refused, why in ((cfg.sync_mode != "async", f"--sync_mode {cfg.sync_mode}"),
                          (cfg.num_policies > 1, f"--num_policies {cfg.num_policies}"), (cfg.serial_mode, "--serial_mode")):
         if refused:
@@ -102,11 +103,11 @@ def data_parallel_world(cfg) -> distributed.World:
     cores = sorted(os.sched_getaffinity(0))
     if world.local_world_size > 1 and len(cores) >= world.local_world_size:
         os.sched_setaffinity(0, cores[world.local_rank::world.local_world_size])  # inherited by every process started
-    cfg.seed = rank_seed(cfg.seed, world.rank)  # past rank 0, streams of its own (sf.seeding)
+    cfg = cfg.replace(seed=rank_seed(cfg.seed, world.rank))  # past rank 0, streams of its own (sf.seeding)
     log.info("Data-parallel rank %d of %d (local rank %d of %d, cores %s), learners' group at %s:%d; --batch_size %d "
              "per rank", world.rank, world.world_size, world.local_rank, world.local_world_size,
              ",".join(map(str, sorted(os.sched_getaffinity(0)))), world.master_addr, world.master_port, cfg.batch_size)
-    return world
+    return cfg, world
 
 
 def probe_env(cfg):
@@ -144,30 +145,6 @@ def _uss(process) -> int:
             return 0
 
 
-def trajectory_slots(cfg, agents_per_env: int) -> tuple[int, int]:
-    """(trajectories of one training batch, trajectory slots to allocate): one trajectory stream per agent, and every
-    learner holds up to two training batches. Refuses a layout where a policy would never play or the slots cannot
-    hold what is in flight."""
-    num_policies = cfg.num_policies
-    trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
-    num_agents = cfg.num_workers * cfg.num_envs_per_worker * agents_per_env
-    if cfg.policy_mapping == "fixed" and num_policies > num_agents:
-        raise ConfigError(f"--policy_mapping fixed: {num_policies} policies but {num_agents} agents "
-                          f"(num_workers x num_envs_per_worker x {agents_per_env} agents per env): policies "
-                          f"{num_agents}-{num_policies - 1} would never play; use more envs or --policy_mapping "
-                          "random")
-    batches = num_policies * trajs_per_batch
-    num_slots = cfg.num_traj_buffers or num_agents + 2 * batches
-    if cfg.sync_mode != "async":  # two storages of one slot per env (HTS-RL); --num_traj_buffers does not apply
-        trajs_per_batch, num_slots = num_agents, 2 * num_agents
-    elif num_slots < num_agents + batches:
-        raise ConfigError(f"--num_traj_buffers {num_slots} is too small: need at least num_workers*num_envs_per_worker"
-                          f"*agents_per_env + num_policies*batch_size*num_batches_per_epoch/rollout = "
-                          f"{num_agents + batches}")
-    return trajs_per_batch, num_slots
-
-
-
 # Private memory of one worker process forked from the fork server (torch and the envs' modules are shared with it),
 # with a margin: measured on the 2-core VM with doom_battle, a rollout worker 13 MiB (USS; 43 MiB PSS), a policy worker
 # 41 MiB. The learner's activations and batches come on top, in proportion to the samples of an SGD step (~1 GiB
@@ -201,7 +178,7 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int, devic
     allocated or started. env_bytes: what one env was measured to take (probe_env). On a CUDA `device` also the GPU's:
     a learner's batch of `batch_trajs` trajectories of `obs_space` observations and RNN states of `rnn_state_size`
     floats lies there, with the model copies and one CUDA context per learner and policy worker."""
-    num_envs = cfg.num_workers * cfg.num_envs_per_worker
+    envs = num_envs(cfg)
     policies = cfg.num_policies
     cuda = torch.device(device).type == "cuda"
     if cuda:  # first: the runner's own context is then used memory, on the host and on the device
@@ -213,7 +190,7 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int, devic
     processes = cfg.num_workers + policies * (cfg.policy_workers_per_policy + 1)
     parts = {
         "trajectory buffers": buffer_bytes,
-        f"{num_envs} envs": num_envs * env_bytes,
+        f"{envs} envs": envs * env_bytes,
         f"{processes} processes" + (f" ({cuda_processes} with CUDA)" if cuda_processes else ""):
         (processes - cuda_processes) * WORKER_PROCESS_BYTES + cuda_processes * CUDA_PROCESS_HOST_BYTES
         + policies * LEARNER_WORKSPACE_BYTES * cfg.batch_size // LEARNER_WORKSPACE_BATCH,

@@ -33,6 +33,7 @@ from sf import distributed
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
+from sf.cfg.shape import RunShape
 from sf.learning.appo import exploration_loss_problem
 from sf.learning.learner import checkpoint_meta, run_learner
 from sf.model.action_spaces import check_action_mask
@@ -46,7 +47,7 @@ from sf.runner.healing import Healer, audit_slots, exit_cause, process_kind
 from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams
 from sf.runner.preflight import (already_trained, check_checkpoint, check_memory, data_parallel_world,
                                  nothing_to_train, prepare_experiment_dir, probe_env, report_background_errors,
-                                 setup_logging, trajectory_slots)
+                                 setup_logging)
 from sf.runner.queues import close_queues, learner_queues, make_queues, policy_queues, worker_queues
 from sf.runner.reports import ReportReader
 from sf.runner.serial import run_serial
@@ -75,7 +76,7 @@ def run_training(cfg) -> int:
     touches nothing at all."""
     early = setup_logging()  # the checks' warnings reach the console now and the log file once it exists
     report_background_errors()
-    world = data_parallel_world(cfg)
+    cfg, world = data_parallel_world(cfg)
     tracking.check(cfg)  # --with_wandb: wandb imports
     removed, freed = remove_stale_leftovers()  # what killed runs left in /dev/shm (before the runner's memory check)
     if removed:
@@ -118,7 +119,7 @@ class Runner:
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
-        self.num_policies, self.num_agents = cfg.num_policies, self.spec.num_agents
+        self.num_policies = cfg.num_policies
         self.policies = list(range(self.num_policies))  # the policies that play: their policy workers run
         self.lock = None  # the experiment's lock (rank 0; run_training takes it): its learners hold it too
         self._check_policies(env_bytes)
@@ -137,10 +138,11 @@ class Runner:
         with torch.device("meta"):  # shapes only: a model of absurd size is refused below before it is allocated
             model = create_actor_critic(cfg, self.obs_space, self.action_space)
         self.meta = checkpoint_meta(cfg, self.obs_space, self.action_space, model)
-        self.trajs_per_batch, self.num_slots = trajectory_slots(cfg, self.num_agents)
+        self.shape = RunShape.of(cfg, self.spec.num_agents)  # the run's sizes, computed once, handed down
         # the runner's CUDA work (the GPU's memory below, the shared weights) on the run's GPU (a rank >= 1: not GPU 0)
         bind_device(self.device)
-        self._check_memory(model, env_bytes, self.device, self.trajs_per_batch, self.obs_space, model.rnn_state_size)
+        self._check_memory(model, env_bytes, self.device, self.shape.trajs_per_batch, self.obs_space,
+                           model.rnn_state_size)
         # each policy's checkpoint: (version, frames)
         self.resumed: list[tuple[int, int]] = check_checkpoint(cfg, self.exp_dir, self.meta, self.world)
         # PBT's state: a resumed run's pbt_state.json is read (and checked) here, written only once the run started
@@ -148,10 +150,10 @@ class Runner:
                            if cfg.with_pbt and self.num_policies > 1 else None)
 
     def _check_memory(self, model, env_bytes: int, *gpu) -> None:
-        """buffer_bytes (num_slots slots, `model`'s recurrent state); a run that does not fit in this machine's memory
+        """buffer_bytes (the shape's slots, `model`'s recurrent state); a run that does not fit in this machine's memory
         refused (check_memory; gpu: its device, batch_trajs, obs_space, rnn_state_size: a learner's batch on a GPU)."""
         self.rnn_state_size = model.rnn_state_size
-        self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.num_slots, self.cfg.rollout, self.obs_space,
+        self.buffer_bytes = TrajectoryBuffers.bytes_needed(self.shape.slots, self.cfg.rollout, self.obs_space,
                                                            self.action_space, self.rnn_state_size)
         model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         check_memory(self.cfg, self.buffer_bytes, model_bytes, env_bytes, *gpu)
@@ -172,13 +174,13 @@ class Runner:
     def _build_shared(self) -> list[dict]:
         """What every process shares: trajectory buffers, weights, counters, queues; the hyperparameters (returned)."""
         cfg, P = self.cfg, self.num_policies
-        self.buffers = TrajectoryBuffers(self.num_slots, cfg.rollout, self.obs_space, self.action_space, self.rnn_state_size)
+        self.buffers = TrajectoryBuffers(self.shape.slots, cfg.rollout, self.obs_space, self.action_space, self.rnn_state_size)
         self.weights = self._shared_weights()
-        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping), self.num_slots)
+        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping), self.shape.slots)
         # [W, agents per worker, (slot, t, policy)]
-        self.env_slots = torch.zeros((cfg.num_workers, cfg.num_envs_per_worker * self.num_agents, 3),
+        self.env_slots = torch.zeros((cfg.num_workers, self.shape.agents_per_worker, 3),
                                      dtype=torch.int64).share_memory_()
-        self.queues = make_queues(cfg, P, self.num_slots)
+        self.queues = make_queues(cfg, P, self.shape.slots)
         hyper = self.population.hyperparams() if self.population else [initial_hyperparams(cfg, self.shaping)] * P
         fill_shared(self.state, hyper)
         return hyper
@@ -211,16 +213,16 @@ class Runner:
     def _log_layout(self) -> None:
         """The run's first lines: the notes of the configuration, the experiment, the population, the mode."""
         cfg, P = self.cfg, self.num_policies
-        for note in getattr(cfg, "_notes", []):
+        for note in cfg._notes:
             log.info("%s", note)
         log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB), "
-                 "seed %d", self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, self.num_slots,
+                 "seed %d", self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, self.shape.slots,
                  self.buffer_bytes / 2**20, cfg.seed)
-        playing = cfg.num_workers * cfg.num_envs_per_worker * self.num_agents  # agents in all, playing at once
-        if P > 1 or self.num_agents > 1:
+        playing = self.shape.agents  # agents in all, playing at once
+        if P > 1 or self.shape.agents_per_env > 1:
             log.info("Population: %d policies (%s), %d agents per env (%d agents in all), policy mapping %s%s", P,
                      "population-based training" + (", resumed" if self.population.resumed else "")
-                     if self.population else "independent", self.num_agents,
+                     if self.population else "independent", self.shape.agents_per_env,
                      playing, cfg.policy_mapping,
                      f" (new draw every {cfg.policy_resample_episodes} episodes of an env)"
                      if cfg.policy_mapping != "fixed" and P > 1 else "")
@@ -229,7 +231,7 @@ class Runner:
                         "worker draws every policy once per %d draws, a draw every %d episodes of an env), and the run "
                         "ends when every policy has trained --train_for_env_steps", P, playing, P,
                         cfg.policy_resample_episodes)
-        mode = MODE_LINES[cfg.sync_mode].format(batch=self.trajs_per_batch * cfg.rollout,
+        mode = MODE_LINES[cfg.sync_mode].format(batch=self.shape.samples_per_batch,
                                                 steps=sync_minibatches(cfg) * cfg.num_epochs)
         log.info("Mode: %s", mode)
         if self.stats.enabled:
@@ -275,7 +277,7 @@ class Runner:
         # lock outlives a killed runner until the learner is gone as well
         self._start(name, run_holding, self.lock, run_learner, self.cfg, self.obs_space, self.action_space, self.buffers,
                     learner_queues(self.queues, p), self.weights[p], self.state, self.device, self.exp_dir,
-                    self.spec.frameskip, self.num_agents, p, self.weights, replacement)
+                    self.spec.frameskip, self.shape, p, self.weights, replacement)
         return name
 
     def _start_policy_worker(self, p: int, i: int) -> str:
@@ -540,7 +542,7 @@ class Runner:
     def _audit_slots(self) -> None:
         if any(p.is_alive() for p in self.procs.values()):
             return  # a process that could not be killed (uninterruptible I/O): the queues are not ours to read
-        verdict = audit_slots(self.state, self.queues, self.num_slots)
+        verdict = audit_slots(self.state, self.queues, self.shape.slots)
         (log.info if verdict.endswith("exactly once") else log.warning)("%s", verdict)
 
     def close_queues(self) -> None:

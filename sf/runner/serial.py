@@ -20,7 +20,7 @@ def run_serial(runner, start: float) -> None:
     limit_threads(learner_threads(cfg))  # the learner's threads, as in its own process: the same bits
     learners = [Learner(cfg, runner.obs_space, runner.action_space, runner.buffers, learner_queues(q, p),
                         runner.weights[p], runner.state, runner.device, runner.exp_dir, runner.spec.frameskip,
-                        runner.num_agents, p, runner.weights)
+                        runner.shape, p, runner.weights)
                 for p in range(P)]
     runner.stats.start_frames = sum(learner.env_steps for learner in learners)
     runner.learner_ready = True  # (built here: frames count from where their checkpoints left them)

@@ -46,7 +46,7 @@ _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def enabled(cfg) -> bool:
-    return bool(getattr(cfg, "with_wandb", False))
+    return bool(cfg.with_wandb)
 
 
 def check(cfg) -> None:
@@ -80,12 +80,12 @@ def start(cfg, exp_dir: Path) -> WandbTracker | None:
                 settings = wandb.Settings(finish_timeout=FINISH_TIMEOUT_SEC - 5)
             except Exception:  # noqa: B902 — a wandb without that setting
                 settings = None
-        tags = getattr(cfg, "wandb_tags", None)
+        tags = cfg.wandb_tags
         run = wandb.init(
-            project=getattr(cfg, "wandb_project", None) or "sf", entity=getattr(cfg, "wandb_user", None) or None,
-            group=getattr(cfg, "wandb_group", None) or None, job_type=getattr(cfg, "wandb_job_type", None) or None,
+            project=cfg.wandb_project or "sf", entity=cfg.wandb_user or None,
+            group=cfg.wandb_group or None, job_type=cfg.wandb_job_type or None,
             tags=list(tags) if tags else None, name=cfg.experiment, dir=str(exp_dir), id=run_id, resume="allow",
-            config={k: v for k, v in vars(cfg).items() if not k.startswith("_")}, settings=settings)
+            config=cfg.as_dict(), settings=settings)
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY)
     except Exception as e:  # noqa: B902 — W&B is never a reason not to train

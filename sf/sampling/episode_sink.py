@@ -32,10 +32,10 @@ def episode_sink(worker):
     """The sink of `worker` (a RolloutWorker whose envs are made): sf.eval's when its cfg carries an evaluation plan,
     else training's of --sync_mode."""
     cfg = worker.cfg
-    plan = getattr(cfg, "_eval_plan", None)
+    plan = cfg._eval_plan
     if plan is not None:
         return EvaluationSink(worker, plan)
-    return TrainingSink(worker) if getattr(cfg, "sync_mode", "async") == "async" else SyncTrainingSink(worker)
+    return TrainingSink(worker) if cfg.sync_mode == "async" else SyncTrainingSink(worker)
 
 
 def _draw_own_noise(sink, lo: int, hi: int) -> None:
@@ -57,9 +57,9 @@ class TrainingSink:
     def __init__(self, worker):
         cfg, w = worker.cfg, worker
         self.worker = worker
-        self.mapping = PolicyMapping(w.num_policies, w.A, getattr(cfg, "policy_mapping", "random"),
-                                     getattr(cfg, "policy_resample_episodes", 10),
-                                     getattr(cfg, "pbt_mix_policies_in_one_env", True), w.worker_idx * w.num_envs,
+        self.mapping = PolicyMapping(w.num_policies, w.A, cfg.policy_mapping,
+                                     cfg.policy_resample_episodes,
+                                     cfg.pbt_mix_policies_in_one_env, w.worker_idx * w.num_envs,
                                      stream_seed(run_seed(cfg), POLICY_MAPPING, w.worker_idx),
                                      w.num_envs // cfg.worker_num_splits, run_seed(cfg))
         self.group_envs = [range(g * w.envs_per_group, (g + 1) * w.envs_per_group) for g in range(w.splits)]

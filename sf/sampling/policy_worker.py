@@ -43,19 +43,19 @@ class PolicyWorker:
         shared_state: the run's (epochs, serving counter); None: every request is valid (tests)."""
         self.cfg, self.buffers, self.env_slots, self.queues = cfg, buffers, env_slots, queues
         self.policy_id = policy_id
-        self.population = getattr(cfg, "num_policies", 1) > 1 and env_slots.shape[-1] > 2
+        self.population = cfg.num_policies > 1 and env_slots.shape[-1] > 2
         # sf.eval (cfg._eval_plan) as hts/ppo: actions from each env's noise, the model run in fixed-size chunks
-        evaluating = getattr(cfg, "_eval_plan", None) is not None
-        self.sync = getattr(cfg, "sync_mode", "async") != "async" or evaluating
-        self.argmax = evaluating and bool(getattr(cfg, "eval_deterministic", False))  # sf.eval --deterministic
-        self.chunk = getattr(cfg, "sync_inference_chunk", 8)
+        evaluating = cfg._eval_plan is not None
+        self.sync = cfg.sync_mode != "async" or evaluating
+        self.argmax = evaluating and bool(cfg.eval_deterministic)  # sf.eval --deterministic
+        self.chunk = cfg.sync_inference_chunk
         seed = stream_seed(run_seed(cfg), POLICY_WORKER, policy_id, worker_idx)
         torch.manual_seed(seed)  # action sampling in async mode
         if self.sync:
             deterministic_kernels(device)
         self.shared_weights, self.device = shared_weights, torch.device(device)
         self.group_size = env_slots.shape[1] // cfg.worker_num_splits  # agents per group
-        self.random_policy = getattr(cfg, "random_policy", False)
+        self.random_policy = cfg.random_policy
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
         run_precision(cfg, self.model, self.device, deterministic=self.sync)
         self.model.cast_for_inference()  # weights cast once per published version, not once per forward
@@ -63,8 +63,8 @@ class PolicyWorker:
         self.max_requests = cfg.num_workers * cfg.worker_num_splits
         # async: wait briefly for one request per rollout worker this worker serves (see run_once); the sync modes'
         # intervals end with fewer requests in flight, and their batches' composition does not change their cost
-        self.batch_requests = max(1, cfg.num_workers // max(1, getattr(cfg, "policy_workers_per_policy", 1)))
-        self.batch_wait = 0.0 if self.sync else getattr(cfg, "policy_worker_batch_wait_ms", 0.0) / 1000.0
+        self.batch_requests = max(1, cfg.num_workers // max(1, cfg.policy_workers_per_policy))
+        self.batch_wait = 0.0 if self.sync else cfg.policy_worker_batch_wait_ms / 1000.0
         self.splits = cfg.worker_num_splits
         self.epoch = shared_state.epoch_np if shared_state is not None else np.zeros(cfg.num_workers, dtype=np.int64)
         self.serving = shared_state.serving_np if shared_state is not None else np.zeros(1, dtype=np.int64)

@@ -92,7 +92,7 @@ class RolloutWorker:
         self.T = cfg.rollout
         # training rewards: scaled and clipped (Sample Factory's --reward_scale, --reward_clip); episode statistics,
         # from the env's info["episode"], stay in the env's own units
-        self.reward_scale, self.reward_clip = getattr(cfg, "reward_scale", 1.0), getattr(cfg, "reward_clip", float("inf"))
+        self.reward_scale, self.reward_clip = cfg.reward_scale, cfg.reward_clip
         self._bind_buffers(buffers)
         self._bind_shared_state(cfg, shared_state, env_slots)
         self._init_agent_policies(shared_state)

@@ -30,6 +30,7 @@ from typing import Optional
 
 from sf_envs.doom import scenario_digests
 from sf_envs.doom.scenario_check import file_sha256
+from sf_envs.params import get_param
 from sf_envs.utils import data_dir
 
 SF_PACKAGE = scenario_digests.SF_PACKAGE
@@ -59,7 +60,7 @@ def default_scenarios_dir() -> Path:
 def scenarios_dir(cfg=None) -> Path:
     """Where the fetched scenarios live: cfg.doom_scenarios_dir, else $SF_DOOM_SCENARIOS, else <repo>/data/doom_scenarios
     in a clone or the user's data directory for an installed copy (sf_envs.utils.data_dir)."""
-    d = getattr(cfg, "doom_scenarios_dir", None) if cfg is not None else None
+    d = get_param(cfg, "doom_scenarios_dir")
     if not d:
         d = os.environ.get(ENV_VAR) or None
     return Path(os.path.expanduser(d)) if d else default_scenarios_dir()

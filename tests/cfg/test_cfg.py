@@ -44,7 +44,7 @@ def test_layers_preset_then_command_line(tmp_path):
 def test_saved_config_is_resumed_and_flags_override(tmp_path):
     exp = tmp_path / "e1"
     exp.mkdir()
-    saved = vars(default_cfg(env="test_corridor", learning_rate=0.123, rollout=8, recurrence=8, batch_size=64))
+    saved = default_cfg(env="test_corridor", learning_rate=0.123, rollout=8, recurrence=8, batch_size=64).as_dict()
     (exp / "config.json").write_text(json.dumps(saved))
     cfg = parse_cfg(["--env", "test_corridor", "--experiment", "e1", "--train_dir", str(tmp_path), "--rollout", "4",
                      "--recurrence", "4"])
@@ -384,8 +384,7 @@ def test_save_cfg_atomic_and_round_trips(tmp_path, monkeypatch):
     assert sorted(p.name for p in exp.iterdir()) == ["config.json"]  # no temporary file left
     assert json.loads(path.read_text())["learning_rate"] == 0.002
     again = _parse(tmp_path, "--experiment", "e")
-    params = lambda c: {k: v for k, v in vars(c).items() if not k.startswith("_")}  # noqa: E731 (not _explicit)
-    assert params(again) == params(cfg)  # what is written reads back unchanged
+    assert again.as_dict() == cfg.as_dict()  # what is written reads back unchanged
 
 
 def test_save_cfg_failure_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
@@ -397,7 +396,7 @@ def test_save_cfg_failure_leaves_old_file_and_no_temporary(tmp_path, monkeypatch
     def fail(src, dst):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(os, "replace", fail)
-    cfg.learning_rate = 0.5
+    cfg = cfg.replace(learning_rate=0.5)
     with pytest.raises(RunError) as e:
         save_cfg(cfg, exp)
     assert str(e.value) == f"cannot write {exp / 'config.json'}: No space left on device"

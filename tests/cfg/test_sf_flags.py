@@ -315,7 +315,7 @@ def test_supported_values_of_selecting_flags_are_accepted_silently(tmp_path):
                  "--decoder_mlp_layers", "--num_agents=-1", "--num_humans=0", "--use_cpc=False")
     assert [n for n in cfg._notes if not n.startswith(("--seed ", "--num_envs_per_worker "))] == []
     cfg = _parse(tmp_path, "--policy_index=0", "--push_to_hub=False", "--eval_env_frameskip=None", mode="enjoy")
-    assert cfg._notes == []
+    assert cfg._notes == ()
 
 
 def test_ignored_flags_are_noted_not_stored(tmp_path):

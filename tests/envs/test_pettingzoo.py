@@ -18,6 +18,7 @@ from e2e_helpers import train_args
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
 from sf.cfg import parse_cfg
+from sf.cfg.shape import RunShape
 from sf.ipc import Queue
 from sf.learning.learner import Learner
 from sf.model.actor_critic import create_actor_critic
@@ -214,7 +215,7 @@ class Sampling:
             policy=q.policy, worker=q.worker, learner=q.learner, free=q.free, report=q.report), self.state)
         self.learner = Learner(cfg, self.obs_space, self.action_space, self.buffers, SimpleNamespace(
             learner=q.learner, free=q.free, report=q.report), self.weights, self.state, "cpu", tmp_path / "exp",
-            frameskip=1, num_agents=agents)
+            frameskip=1, shape=RunShape.of(cfg, agents))
         self.worker.start()
 
     def batch(self):

@@ -253,7 +253,7 @@ def test_lag_masking_replaced_contents_would_matter_if_valid(obs_space, action_s
     and the poison makes it non-finite (the step is skipped). So the equalities there come from the
     masking, not from inputs that never reach the loss."""
     cfg, model, exp, masked = lag_batch(obs_space, action_space, **overrides)
-    cfg.max_policy_lag = 10 ** 6
+    cfg = cfg.replace(max_policy_lag=10 ** 6)
     other = masked_replacements(exp, masked, action_space, "other", seed=1)
     ref_stats, ref_grads, _, _ = one_step(cfg, model, exp)
     assert ref_stats["masked_fraction"] == 0.0
@@ -281,8 +281,7 @@ def test_lag_masked_trajectories_dropped_gives_the_same_gradient(obs_space, acti
     cfg, model, exp, masked = lag_batch(obs_space, action_space, max_grad_norm=0.0, **overrides)
     keep = ~masked.all(1)
     fresh = {k: ({kk: vv[keep] for kk, vv in v.items()} if isinstance(v, dict) else v[keep]) for k, v in exp.items()}
-    cfg_fresh = copy.deepcopy(cfg)
-    cfg_fresh.batch_size = int(keep.sum()) * T_LAG
+    cfg_fresh = cfg.replace(batch_size=int(keep.sum()) * T_LAG)
     s_mixed, g_mixed, _, _ = one_step(cfg, model, exp)
     s_fresh, g_fresh, _, _ = one_step(cfg_fresh, model, fresh)
     assert s_fresh["num_masked"] == 2.0 and s_fresh["masked_fraction"] == pytest.approx(2 / 16)
@@ -371,7 +370,7 @@ def test_steps_of_another_policy_are_masked_exactly(obs_space, action_space, ove
     contents, replaced or poisoned, change nothing bit for bit; they are counted as masked; the lag statistics are
     those of the own samples only."""
     cfg, model, exp, masked = lag_batch(obs_space, action_space, **overrides)
-    cfg.max_policy_lag = 10 ** 6
+    cfg = cfg.replace(max_policy_lag=10 ** 6)
     own = ~masked
     runs = {name: one_step(cfg, model, {**e, "own": own}) for name, e in (
         ("original", exp), ("other", {**exp, **masked_replacements(exp, masked, action_space, "other", 1)}),

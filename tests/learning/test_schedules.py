@@ -144,7 +144,7 @@ def test_population_based_training_scales_the_scheduled_rate():
     assert appo.optimizer.param_groups[0]["lr"] == pytest.approx(3 * adapted, rel=1e-12)
     stats = appo.train(exp, 3)
     assert stats[0]["lr"] == pytest.approx(3 * adapted, rel=1e-12)
-    decay = APPO(model, make_cfg(**{**vars(cfg), "lr_schedule": "linear_decay", "train_for_env_steps": 384}), "cpu")
+    decay = APPO(model, cfg.replace(lr_schedule="linear_decay", train_for_env_steps=384), "cpu")
     decay.train(exp, 0, env_frames=96)  # 192 of 384 frames trained after it: half the base
     decay.set_hyperparams(learning_rate=2e-4)
     assert decay.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)

@@ -23,8 +23,7 @@ POPULATION = ["--num_policies", "64", "--policy_workers_per_policy", "4"]  # 64 
 def _cfg(tmp_path, *args, device="cuda"):
     cfg = parse_cfg(["--env", "test_race", "--experiment", "gpu_memory", "--train_dir", str(tmp_path), *TINY,
                      "--device", "cpu", *args])
-    cfg.device = device  # (parsing refuses --device cuda where no GPU is: the check below is what is tested)
-    return cfg
+    return cfg.replace(device=device)  # (parsing refuses --device cuda where no GPU is: the check below is tested)
 
 
 @pytest.fixture

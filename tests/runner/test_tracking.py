@@ -127,7 +127,7 @@ def test_start_initializes_once_with_the_flags_and_a_stable_run_id(tmp_path, mon
     monkeypatch.delenv("WANDB_FINISH_TIMEOUT", raising=False)
     cfg = _cfg(tmp_path, "--wandb_user", "me", "--wandb_project", "proj", "--wandb_group", "grp", "--wandb_job_type",
                "train", "--wandb_tags", "a", "b")
-    cfg._notes = ["not a parameter"]
+    cfg = cfg.replace(_notes=("not a parameter",))
     exp = tmp_path / "trk"
     exp.mkdir()
     tracker = tracking.start(cfg, exp)
