@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import io
 import os
 import time
 from dataclasses import dataclass
@@ -395,3 +396,29 @@ def broadcast_state(model: torch.nn.Module, src: int = 0, group=None) -> None:
         with torch.no_grad():
             for t, part in zip(same, torch.split(flat, [t.numel() for t in same])):
                 t.copy_(part.view_as(t))
+
+
+def broadcast_object(obj, src: int = 0, group=None, what: str = "the broadcast of rank 0's checkpoint"):
+    """Rank `src`'s `obj` (anything torch.save takes: a checkpoint's state with its tensors) on every rank, through the
+    process group itself: no rank reads another's files. Two broadcasts, the byte count then the bytes (uint8, on the
+    group's collective_device); tensors arrive on the CPU. The peer is one of this run's ranks: its bytes are loaded
+    as torch.load loads our own checkpoints' content."""
+    device = _group_device(group)
+    if _rank(group) == src:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(device)
+        size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    else:
+        size = torch.zeros(1, dtype=torch.int64, device=device)
+    _collective(what, dist.broadcast, size, src=src, group=group)
+    if _rank(group) != src:
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    _collective(what, dist.broadcast, data, src=src, group=group)
+    if _rank(group) == src:
+        return obj
+    return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location="cpu", weights_only=False)
+
+
+def _rank(group) -> int:
+    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0

@@ -136,21 +136,25 @@ class Learner:
                                recycled=self._count_recycled if cfg.sampler_only else None)
         if replacement:
             self._take_over()
+        elif self.world.distributed:
+            self._join_ranks()
         else:
             self._load_checkpoint()
-        if self.world.distributed:
-            self._join_ranks()
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
         self.ledger.start_released(self.env_steps)  # SharedState.released: none copied out and untrained yet
         self.publish(self.version)
 
     # --- checkpoints ---
     def _load_checkpoint(self, always: bool = False) -> dict | None:
+        """Resume from this policy's latest checkpoint on disk (--restart_behavior resume, or `always`); its state, or
+        None when there is none."""
         if self.cfg.restart_behavior != "resume" and not always:
             return None
         state = self.checkpoints.load("latest", map_location=self.device)
-        if state is None:
-            return None
+        return None if state is None else self._resume_from(state)
+
+    def _resume_from(self, state: dict) -> dict:
+        """Take a checkpoint's state (weights, optimizer, schedules, random streams, counters); returns it."""
         check_compatible(state["meta"], self.meta, state.get("path", "latest checkpoint"))
         same_optimizer = self.appo.load_training_state(state)  # the learning-rate schedule's state, and its rate
         load_into(self.model, self.appo.optimizer if same_optimizer else None, state)
@@ -185,15 +189,20 @@ class Learner:
                  ("the latest checkpoint (the learner died writing its weights)" if state else "initialisation"),
                  f"of the latest checkpoint (version {int(state['policy_version'])})" if state else "fresh (no checkpoint yet)",
                  self.version, self.env_steps)
+
     def _join_ranks(self) -> None:
-        """Every rank starts from rank 0's weights at the same version and trained frames; a resumed run needs every
-        rank to have loaded the same checkpoint (its optimizer state is not broadcast)."""
+        """Data-parallel: every rank starts from rank 0's checkpoint, sent through the process group (weights,
+        optimizer, schedules, counters: a rank never reads another's files, so no shared filesystem is needed), then
+        from rank 0's weights at the same version and trained frames (checked)."""
+        state = self._load_checkpoint() if self.world.rank == 0 else None
+        state = distributed.broadcast_object(state)
+        if state is not None and self.world.rank > 0:
+            self._resume_from(state)
         lo, hi = distributed.agree_range([self.version, self.env_steps])  # exact, whatever the magnitude
         if lo != hi:
             raise distributed.DistributedError(
                 f"rank {self.world.rank} resumed from policy version {self.version} ({self.env_steps} env frames), the "
-                f"ranks from versions {lo[0]}..{hi[0]} ({lo[1]}..{hi[1]} env frames): every rank needs the same "
-                "experiment directory (one machine, or a shared file system) to resume")
+                f"ranks from versions {lo[0]}..{hi[0]} ({lo[1]}..{hi[1]} env frames)")
         distributed.broadcast_state(self.model)
 
     def save(self, final: bool = False) -> None:

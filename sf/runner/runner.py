@@ -468,7 +468,8 @@ class Runner:
         The run stops with exit code 1, unless the process is to be replaced (self-healing; not for a `fatal` error,
         which a replacement would meet again: a checkpoint that cannot be written, an env that keeps failing)."""
         last = tb.strip().splitlines()[-1] if tb.strip() else "(no message)"
-        log.error("%s crashed: %s (traceback in %s)", name, last, self.exp_dir / "sf_log.txt")
+        where = self.exp_dir / "sf_log.txt" if self.world.rank == 0 else "the lines below: this rank writes no files"
+        log.error("%s crashed: %s (traceback in %s)", name, last, where)
         logging.getLogger(TRACE_LOG).error("%s crashed:\n%s", name, tb.rstrip())
         if not fatal and self.healing and self.learner_ready and not self.state.stopping():
             self.causes[name] = f"raised {last}"

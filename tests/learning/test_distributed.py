@@ -478,25 +478,41 @@ def _learner_rank(rank, port, out_dir, exp_dirs):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("rank1_version", [VERSION, VERSION + 1], ids=["same", "off_by_one"])
-def test_learners_join_on_exactly_equal_versions_and_rank_1_writes_nothing(tmp_path, rank1_version):
-    """Each rank resumes from its own copy of the experiment directory (as if shared): a good checkpoint and a newer
-    file that fails verification. Rank 0 moves that file to rejected/; rank 1 loads the same good checkpoint but leaves
-    its directory byte for byte as it was. Versions 2^30 and 2^30 + 1 (sums of squares in float64 cannot tell them
-    apart) stop both ranks with a one-line DistributedError."""
+@pytest.mark.parametrize("rank1_files", ["same", "other_version", "none"])
+def test_every_rank_resumes_from_rank_0s_checkpoint_sent_to_it_and_rank_1_reads_and_writes_nothing(tmp_path,
+                                                                                                   rank1_files):
+    """Rank 0 resumes from its experiment directory (a good checkpoint of version 2^30 and a newer file that fails
+    verification: moved to rejected/) and sends the checkpoint's state to rank 1 through the process group. Rank 1 never
+    reads its own directory, whatever it holds (the same files, a checkpoint of version 2^30 + 1, nothing: no shared
+    filesystem), and leaves it byte for byte as it was: both ranks start at rank 0's version with identical weights."""
     exp_dirs = [tmp_path / f"rank{r}" / "ddp" for r in range(2)]
-    for exp_dir, version in zip(exp_dirs, (VERSION, rank1_version)):
-        write_checkpoints(exp_dir, version)
+    write_checkpoints(exp_dirs[0], VERSION)
+    if rank1_files != "none":
+        write_checkpoints(exp_dirs[1], VERSION if rank1_files == "same" else VERSION + 1)
+    else:
+        exp_dirs[1].mkdir(parents=True)
     before = snapshot(exp_dirs[1])
     codes = run_ranks(_learner_rank, tmp_path, args=([str(d) for d in exp_dirs],))
     r0, r1 = load_results(tmp_path)
     assert codes == [0, 0]
-    assert snapshot(exp_dirs[1]) == before  # rank 1: nothing moved, written or deleted
+    assert snapshot(exp_dirs[1]) == before  # rank 1: nothing read into it, moved, written or deleted
     assert [p.name for p in (exp_dirs[0] / "checkpoint_p0" / "rejected").iterdir()] == [
         f"checkpoint_{VERSION + 5:09d}_8192.pth"]  # rank 0 did move it aside
-    if rank1_version == VERSION:
-        assert r0 == r1 == {"version": VERSION, "identical": True}
-    else:
-        for rank, r in enumerate((r0, r1)):
-            assert r["error"].startswith(f"rank {rank} resumed from policy version {(VERSION, rank1_version)[rank]}"), r
-            assert f"the ranks from versions {VERSION}..{VERSION + 1}" in r["error"] and "\n" not in r["error"]
+    assert r0 == r1 == {"version": VERSION, "identical": True}
+
+def _broadcast_object_rank(rank, port, out_dir):
+    init_learner_group(world(rank, port), "cpu", timeout_sec=60)
+    mine = {"w": torch.arange(5, dtype=torch.float64) * (rank + 1), "n": torch.tensor([2**40 + rank]),
+            "nested": {"name": f"rank {rank}", "none": None}} if rank == 0 else "rank 1's own, never sent"
+    got = [distributed.broadcast_object(mine), distributed.broadcast_object(None if rank == 0 else "ignored")]
+    torch.save(got, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def test_broadcast_object_sends_rank_0s_state_to_every_rank(tmp_path):
+    """A checkpoint-like state (tensors of several dtypes, nested values) and None: every rank ends with rank 0's."""
+    assert run_ranks(_broadcast_object_rank, tmp_path) == [0, 0]
+    r0, r1 = load_results(tmp_path)
+    for got in (r0, r1):
+        assert torch.equal(got[0]["w"], torch.arange(5, dtype=torch.float64)) and got[0]["w"].dtype == torch.float64
+        assert got[0]["n"].tolist() == [2**40] and got[0]["nested"] == {"name": "rank 0", "none": None}
+        assert got[1] is None

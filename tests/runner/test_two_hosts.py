@@ -1,0 +1,117 @@
+"""Data-parallel ranks on two hosts (issue 42): two network namespaces joined by a veth pair (tests/two_hosts.py), each
+host with a train dir of its own (no shared filesystem), `torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d
+--rdzv-endpoint <host 0>:PORT` on each. The run trains to one digest on both hosts, only host 0 holds checkpoints, and a
+resume on both hosts works from host 0's files alone: rank 0 sends its checkpoint's state through the process group."""
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import ROOT, SMALL, wait_for
+from two_hosts import TwoHosts, why_not
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(why_not() is not None, reason=f"two hosts: {why_not()}")]
+
+RDZV_PORT = 29400  # (each host has a network of its own: no other process can hold it)
+
+
+def torchrun(host, rdzv_host, train_dir: Path, log: Path, *extra: str):
+    """torchrun on `host`, the rendezvous at `rdzv_host`. --local-addr: the address this node is known by (the hosts'
+    names resolve to nothing) and its rank's order (c10d ranks the nodes by it: host 0's is the lower). is_host: which
+    node serves the rendezvous store (torch guesses it from the hostname, the same on both hosts here)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
+           "c10d", "--rdzv-endpoint", f"{rdzv_host.addr}:{RDZV_PORT}", "--rdzv-id", "two_hosts", "--rdzv-conf", f"is_host={int(host is rdzv_host)}", "--local-addr",
+           host.addr, "--max-restarts", "0", str(ROOT / "train.py"), "--env", "test_corridor", "--experiment", "ddp",
+           "--train_dir", str(train_dir), "--num_workers", "1", "--seed", "5", *SMALL, "--num_envs_per_worker", "2",
+           "--distributed_timeout_sec", "60", *extra]
+    return host.popen(cmd, log, cwd=ROOT, env=None)
+
+
+def run_both(h0, h1, dirs, logs, *extra) -> list[str]:
+    procs = [torchrun(h, h0, d, log, *extra) for h, d, log in zip((h0, h1), dirs, logs)]
+    try:
+        rcs = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    texts = [log.read_text() for log in logs]
+    assert rcs == [0, 0], "\n\n".join(t[-3000:] for t in texts)
+    return texts
+
+
+def digest(text: str, rank: int) -> str:
+    found = re.findall(rf"\[rank {rank}\]\[INFO\] Final weights sha256: ([0-9a-f]{{64}})", text)
+    assert len(found) == 1, text[-3000:]
+    return found[0]
+
+
+def files(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) if d.exists() else []
+
+
+def test_two_hosts_train_and_resume_without_a_shared_filesystem(tmp_path):
+    dirs = [tmp_path / "host0", tmp_path / "host1"]
+    logs = [tmp_path / "host0.log", tmp_path / "host1.log"]
+    with TwoHosts() as (h0, h1):
+        texts = run_both(h0, h1, dirs, logs, "--train_for_env_steps", "3000")
+        assert digest(texts[0], 0) == digest(texts[1], 1)  # host 0 holds rank 0 (the lower address)
+        assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", texts[0]), texts[0][-3000:]
+        assert list((dirs[0] / "ddp" / "checkpoint_p0").glob("checkpoint_*.pth"))
+        assert files(dirs[1]) == []  # rank 1 writes nothing: no checkpoint, no config.json, no log
+        first = digest(texts[0], 0)
+
+        texts = run_both(h0, h1, dirs, logs, "--train_for_env_steps", "6000")
+        resumed = [re.findall(r"\[rank (\d)\]\[INFO\] Resumed from checkpoint: policy version (\d+)", t) for t in texts]
+        assert [r for r, _ in resumed[0]] == ["0"] and [r for r, _ in resumed[1]] == ["1"], texts[1][-3000:]
+        assert resumed[0][0][1] == resumed[1][0][1]  # the same version: rank 0's checkpoint, sent to rank 1
+        assert digest(texts[0], 0) == digest(texts[1], 1) != first
+        assert files(dirs[1]) == []
+        wait_for(lambda: h0.pids() == [] and h1.pids() == [], 20, "nothing left running on either host")
+
+
+def trained_frames(text: str) -> int:
+    found = re.findall(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), (\d+) trained", text)
+    return int(found[-1]) if found else 0
+
+
+TIMEOUT = 20  # --distributed_timeout_sec of the link test
+MARGIN = 30  # seconds past it: the final checkpoint, stopping the processes, torchrun's own exit
+
+
+def test_a_host_whose_link_goes_down_stops_the_run_with_a_checkpoint_and_both_resume(tmp_path):
+    """Host 1's link goes down mid-run: no reset, its packets go nowhere. Host 0's learner waits in a collective until
+    --distributed_timeout_sec, writes a final checkpoint and the run stops within TIMEOUT + MARGIN; host 1's rank stops
+    too; nothing is left running in either namespace. With the link back, both hosts resume from host 0's checkpoint."""
+    dirs = [tmp_path / "host0", tmp_path / "host1"]
+    logs = [tmp_path / "host0.log", tmp_path / "host1.log"]
+    with TwoHosts() as (h0, h1):
+        procs = [torchrun(h, h0, d, log, "--train_for_seconds", "600", "--distributed_timeout_sec", str(TIMEOUT))
+                 for h, d, log in zip((h0, h1), dirs, logs)]
+        try:
+            wait_for(lambda: trained_frames(logs[0].read_text()) > 0, 180, "both ranks to train", logs[0])
+            h1.cut()
+            t0 = time.time()
+            rc0 = procs[0].wait(timeout=TIMEOUT + MARGIN + 60)
+            stopped_in = time.time() - t0
+            wait_for(lambda: h0.pids() == [] and h1.pids() == [], 60, "nothing left running on either host")
+        finally:
+            for p in procs:
+                p.kill()
+        text = logs[0].read_text()
+        assert rc0 != 0 and stopped_in < TIMEOUT + MARGIN, f"host 0 stopped {stopped_in:.0f} s after the cut, rc {rc0}"
+        saved = re.findall(r"\[rank 0\]\[INFO\] Saved final checkpoint \S+checkpoint_(\d+)_(\d+)\.pth", text)
+        assert saved, text[-4000:]
+        assert "DistributedError" in text or "failed on rank 0" in text, text[-4000:]
+        text1 = logs[1].read_text()  # rank 1 stopped on its own timeout; it writes no file, its traceback is here
+        assert re.search(r"\[rank 1\]\[ERROR\] learner crashed: .* \(traceback in the lines below", text1), text1[-4000:]
+        assert files(dirs[1]) == []
+
+        h1.uncut()
+        version, frames = map(int, saved[-1])  # (frames per rank)
+        texts = run_both(h0, h1, dirs, logs, "--train_for_env_steps", str(2 * frames + 2000))
+        resumed = [re.findall(r"\[rank \d\]\[INFO\] Resumed from checkpoint: policy version (\d+)", t) for t in texts]
+        assert resumed == [[str(version)]] * 2, (saved, resumed)
+        assert digest(texts[0], 0) == digest(texts[1], 1)
+        assert files(dirs[1]) == []
