@@ -117,6 +117,7 @@ class Learner:
             distributed.abort_waits_on_stop(shared_state.stopping)  # (NCCL: a dead peer's collective never ends)
             grad_hook = distributed.GradientAllReduce(self.model.parameters())
             distributed.share_normalizer_statistics(self.model)  # the union batch's statistics on every rank
+        self.grad_allreduce = grad_hook  # (its time, reported at the end: what the ranks' lockstep costs)
         self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook,
                          frames_per_sample=frameskip * self.world.world_size)  # (the run's frames: linear decay)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
@@ -349,6 +350,10 @@ class Learner:
             self.apply_population_updates(last=True)
         self.save(final=True)
         LAPS.write(self.policy_id)
+        hook = self.grad_allreduce
+        if hook is not None and hook.calls:
+            log.info("Gradient all-reduce: %d calls of %.0f KiB, %.1f ms each, %.1f s in all", hook.calls,
+                     hook.nbytes / 1024, 1000 * hook.seconds_total / hook.calls, hook.seconds_total)
         self.queues.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps,
                                 self.policy_id))
         self.state.learner[self.policy_id, FINISHED] = 1.0

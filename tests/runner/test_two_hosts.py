@@ -60,6 +60,7 @@ def test_two_hosts_train_and_resume_without_a_shared_filesystem(tmp_path):
         assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", texts[0]), texts[0][-3000:]
         assert list((dirs[0] / "ddp" / "checkpoint_p0").glob("checkpoint_*.pth"))
         assert files(dirs[1]) == []  # rank 1 writes nothing: no checkpoint, no config.json, no log
+        assert re.search(r"\[rank 0\]\[INFO\] Gradient all-reduce: [1-9]\d* calls of \d+ KiB", texts[0])
         first = digest(texts[0], 0)
 
         texts = run_both(h0, h1, dirs, logs, "--train_for_env_steps", "6000")
@@ -104,12 +105,16 @@ def test_a_host_whose_link_goes_down_stops_the_run_with_a_checkpoint_and_both_re
         saved = re.findall(r"\[rank 0\]\[INFO\] Saved final checkpoint \S+checkpoint_(\d+)_(\d+)\.pth", text)
         assert saved, text[-4000:]
         assert "DistributedError" in text or "failed on rank 0" in text, text[-4000:]
-        text1 = logs[1].read_text()  # rank 1 stopped on its own timeout; it writes no file, its traceback is here
-        assert re.search(r"\[rank 1\]\[ERROR\] learner crashed: .* \(traceback in the lines below", text1), text1[-4000:]
+        # rank 1 stopped on its own collective's timeout, or was stopped by its torchrun agent, whose store connection
+        # failed first; a crash it reports points at its console (it writes no file)
+        text1 = logs[1].read_text()
+        assert all(where.startswith("the lines below") for where in
+                   re.findall(r"\[rank 1\]\[ERROR\] \S+ crashed: .* \(traceback in ([^)]*)\)", text1)), text1[-4000:]
         assert files(dirs[1]) == []
 
         h1.uncut()
         version, frames = map(int, saved[-1])  # (frames per rank)
+        logs = [tmp_path / "host0_resumed.log", tmp_path / "host1_resumed.log"]
         texts = run_both(h0, h1, dirs, logs, "--train_for_env_steps", str(2 * frames + 2000))
         resumed = [re.findall(r"\[rank \d\]\[INFO\] Resumed from checkpoint: policy version (\d+)", t) for t in texts]
         assert resumed == [[str(version)]] * 2, (saved, resumed)
