@@ -108,8 +108,9 @@ def test_data_parallel_rank_is_part_of_the_seed(tmp_path, monkeypatch):
         monkeypatch.setenv("LOCAL_RANK", "0")  # one rank per machine: the test process keeps its cores
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
         cfg = parse_cfg(["--env", "test_corridor", "--experiment", "dp", "--train_dir", str(tmp_path), "--seed", "5"])
-        assert data_parallel_world(cfg).rank == rank
-        assert cfg.seed == rank_seed(5, rank) == 5 + rank * 2**32
+        rank_cfg, world = data_parallel_world(cfg)
+        assert world.rank == rank
+        assert rank_cfg.seed == rank_seed(5, rank) == 5 + rank * 2**32 and cfg.seed == 5  # (a new cfg: frozen)
 
 
 SMALL = ["--rollout", "8", "--recurrence", "8", "--batch_size", "64", "--rnn_size", "32", "--hidden_size", "32",

@@ -181,7 +181,7 @@ def test_env_params_table():
         assert n in names
     cfg = env_cfg("doom_basic", seed=3, doom_rew_frag=2.0)
     assert cfg.env == "doom_basic" and cfg.seed == 3 and get_param(cfg, "doom_rew_frag") == 2.0
-    assert get_param(object(), "atari_noop_max") == 30  # a cfg without the attribute: the default
+    assert get_param(None, "atari_noop_max") == 30  # no cfg: the default
     with pytest.raises(KeyError):
         env_cfg("doom_basic", not_a_param=1)
 
