@@ -13,10 +13,11 @@ Three runs of `train.py`, each for --seconds, on the same machine:
 - the same with the link shaped as a data-centre network: --rate (default 10gbit) and --delay (default 1ms) on both
   ends with `tc netem`; where the kernel has no netem (sch_netem), the rate alone with `tbf`, said in the table.
 
-Per run: env frames/s (each rank's frames over its run, summed over the ranks), SGD steps/s (policy versions per second), and on two hosts the gradient
-all-reduce's time (rank 0's learner: calls, ms each) and its share of the run. Both "hosts" share this machine's
-cores, so the two-host rows show what the network and the lockstep cost, not what a second machine adds: on real
-machines each host brings its own cores (docs/distributed.md#what-scales). Needs root (network namespaces).
+Per run: env frames/s (each rank's frames over its run, summed over the ranks), SGD steps/s (policy versions per
+second), and on two hosts the gradient all-reduce's time (rank 0's learner: calls, ms each) and its share of the run.
+Both "hosts" share this machine's cores, so the two-host rows show what the network and the lockstep cost, not what a
+second machine adds: on real machines each host brings its own cores (docs/distributed.md#what-scales). Needs root
+(network namespaces).
 """
 from __future__ import annotations
 
@@ -73,10 +74,8 @@ def two_hosts(args, tmp: Path, shaped: bool) -> dict:
         procs, logs = [], []
         for i, h in enumerate((h0, h1)):
             log = tmp / f"host{i}_{'shaped' if shaped else 'plain'}.log"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{h0.addr}:29400", "--rdzv-id", "bench",
-                   "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", h.addr, "--max-restarts", "0",
-                   str(ROOT / "train.py"), *train_flags(args, args.workers, args.batch_size, tmp / f"host{i}")]
+            cmd = h.torchrun(h0, "bench", [str(ROOT / "train.py"),
+                                           *train_flags(args, args.workers, args.batch_size, tmp / f"host{i}")])
             procs.append(h.popen(cmd, log, cwd=ROOT))
             logs.append(log)
         t0 = time.time()
@@ -101,6 +100,8 @@ def main() -> int:
     p.add_argument("--rate", default="10gbit")
     p.add_argument("--delay", default="1ms")
     args = p.parse_args()
+    if args.seconds < 20:  # start-up takes seconds: a shorter run may report no frames at all
+        p.error(f"--seconds {args.seconds}: give 20 or more")
     reason = why_not()
     if reason:
         print(f"across_hosts.py: cannot make two hosts here: {reason}", file=sys.stderr)

@@ -2,6 +2,7 @@
 root, tiny-budget flags, starting a run and waiting on its log, its children's pids, leftover shared memory, a free
 TCP port for a process group's rendezvous, and a skip where an env cannot run here."""
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,6 +27,12 @@ def start_train(args, log_path: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT / 'tests' / 'runner'}:{ROOT}")
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT,
                             cwd=ROOT, env=env)
+
+
+def trained_frames(text: str) -> int:
+    """A data-parallel run's frames trained, as rank 0 of 2 last reported them (0 before its first report)."""
+    found = re.findall(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), (\d+) trained", text)
+    return int(found[-1]) if found else 0
 
 
 def wait_for(pred, timeout: float, what: str, log: Path | None = None):

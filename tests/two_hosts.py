@@ -19,11 +19,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 NET = "198.18"  # 198.18.0.0/15: addresses 198.18.a.b with a in 0..255 (and 198.19.*)
+RDZV_PORT = 29400  # torchrun's rendezvous on host 0 (each host has a network of its own: no other process holds it)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -57,6 +59,16 @@ class Host:
         env = dict(os.environ if env is None else env, GLOO_SOCKET_IFNAME=self.dev, PYTHONUNBUFFERED="1")
         return subprocess.Popen(["ip", "netns", "exec", self.netns, *cmd], stdout=open(log, "w"),
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env, **kwargs)
+
+    def torchrun(self, rdzv_host: "Host", rdzv_id: str, script_args: list[str]) -> list[str]:
+        """The command of this host's torchrun, one rank, the c10d rendezvous at `rdzv_host`. --local-addr: the address
+        this node is known by (the hosts' names resolve to nothing) and its rank's order (c10d ranks the nodes by it:
+        host 0's is the lower). is_host: which node serves the rendezvous store (torch guesses it from the hostname,
+        the same on both hosts here). No restarts: a failure ends the run."""
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv_host.addr}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
+                "--rdzv-conf", f"is_host={int(self is rdzv_host)}", "--local-addr", self.addr, "--max-restarts", "0",
+                *script_args]
 
     def pids(self) -> list[int]:
         """The processes living in this host's namespace."""

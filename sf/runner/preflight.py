@@ -21,7 +21,7 @@ import torch
 
 from sf import distributed
 from sf.buffers.trajectory_buffers import obs_bytes, shm_available_bytes, shm_used_bytes
-from sf.cfg import ConfigError, RunError, experiment_dir
+from sf.cfg import Config, ConfigError, RunError, experiment_dir
 from sf.cfg.shape import num_envs
 from sf.learning.checkpoint import CheckpointError, check_compatible
 from sf.learning.checkpoint_store import CheckpointManager
@@ -85,7 +85,7 @@ def report_background_errors() -> None:
     logging.raiseExceptions = False
 
 
-def data_parallel_world(cfg) -> tuple[object, distributed.World]:
+def data_parallel_world(cfg: Config) -> tuple[Config, distributed.World]:
     """This process's rank when torchrun started it (sf/distributed.py: the learners of all ranks average their
     gradients); one rank otherwise. Refuses what data-parallel runs do not support, gives the rank its share of the
     machine's cores (ranks of one machine split them) and, past rank 0, streams of its own for envs, actions and

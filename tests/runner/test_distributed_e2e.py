@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from e2e_helpers import ROOT, SMALL, free_port, wait_for
+from e2e_helpers import ROOT, SMALL, free_port, trained_frames, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -147,12 +147,6 @@ def test_a_rank_that_dies_stops_the_other(tmp_path):
     wait_for(lambda: gone(procs), 20, "every process of both ranks to exit")
     assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", text), text[-3000:]  # rank 0's, at the failure
     assert "DistributedError" in text or "SIGTERM received" in text, text[-3000:]
-
-
-def trained_frames(text: str) -> int:
-    """The run's frames trained, as rank 0 last reported them (0 before its first report)."""
-    found = re.findall(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), (\d+) trained", text)
-    return int(found[-1]) if found else 0
 
 
 def test_a_learner_waiting_for_a_slow_peer_is_not_a_stall(tmp_path):

@@ -3,30 +3,23 @@ host with a train dir of its own (no shared filesystem), `torchrun --nnodes 2 --
 --rdzv-endpoint <host 0>:PORT` on each. The run trains to one digest on both hosts, only host 0 holds checkpoints, and a
 resume on both hosts works from host 0's files alone: rank 0 sends its checkpoint's state through the process group."""
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from e2e_helpers import ROOT, SMALL, wait_for
+from e2e_helpers import ROOT, SMALL, trained_frames, wait_for
 from two_hosts import TwoHosts, why_not
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(why_not() is not None, reason=f"two hosts: {why_not()}")]
 
-RDZV_PORT = 29400  # (each host has a network of its own: no other process can hold it)
-
-
 def torchrun(host, rdzv_host, train_dir: Path, log: Path, *extra: str):
-    """torchrun on `host`, the rendezvous at `rdzv_host`. --local-addr: the address this node is known by (the hosts'
-    names resolve to nothing) and its rank's order (c10d ranks the nodes by it: host 0's is the lower). is_host: which
-    node serves the rendezvous store (torch guesses it from the hostname, the same on both hosts here)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
-           "c10d", "--rdzv-endpoint", f"{rdzv_host.addr}:{RDZV_PORT}", "--rdzv-id", "two_hosts", "--rdzv-conf", f"is_host={int(host is rdzv_host)}", "--local-addr",
-           host.addr, "--max-restarts", "0", str(ROOT / "train.py"), "--env", "test_corridor", "--experiment", "ddp",
-           "--train_dir", str(train_dir), "--num_workers", "1", "--seed", "5", *SMALL, "--num_envs_per_worker", "2",
-           "--distributed_timeout_sec", "60", *extra]
-    return host.popen(cmd, log, cwd=ROOT, env=None)
+    """torchrun of one rank on `host` (Host.torchrun), training test_corridor into `train_dir`."""
+    cmd = host.torchrun(rdzv_host, "two_hosts", [
+        str(ROOT / "train.py"), "--env", "test_corridor", "--experiment", "ddp", "--train_dir", str(train_dir),
+        "--num_workers", "1", "--seed", "5", *SMALL, "--num_envs_per_worker", "2", "--distributed_timeout_sec", "60",
+        *extra])
+    return host.popen(cmd, log, cwd=ROOT)
 
 
 def run_both(h0, h1, dirs, logs, *extra) -> list[str]:
@@ -70,11 +63,6 @@ def test_two_hosts_train_and_resume_without_a_shared_filesystem(tmp_path):
         assert digest(texts[0], 0) == digest(texts[1], 1) != first
         assert files(dirs[1]) == []
         wait_for(lambda: h0.pids() == [] and h1.pids() == [], 20, "nothing left running on either host")
-
-
-def trained_frames(text: str) -> int:
-    found = re.findall(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), (\d+) trained", text)
-    return int(found[-1]) if found else 0
 
 
 TIMEOUT = 20  # --distributed_timeout_sec of the link test
