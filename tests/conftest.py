@@ -4,7 +4,13 @@
 tests/ mirrors sf/ (tests/sampling, tests/learning, tests/runner, ...). Helpers shared across its folders are modules
 beside this file, imported by name: e2e_helpers (running train.py and torchrun, the repository root, free ports),
 sampling_helpers (the sampling stage stepped in this process), model_test_helpers (small cfgs, spaces, batches).
-Tests that start processes carry the marker e2e: `pytest -m "not e2e"` (make test-fast) is the fast loop."""
+Tests that start processes carry the marker e2e: `pytest -m "not e2e"` (make test-fast) is the fast loop.
+
+`make test` runs the suite in parallel (pytest-xdist, `-n 4`: much of an e2e test's time is spent waiting on its
+processes, so four at once on 2 cores take about half the time), then the tests marked serial alone (they check or
+clean state of the whole machine, /dev/shm's VizDoom files, which tests running beside them would disturb, or hold
+stages to a quiet machine's time limits). A test run beside others must only count what is its own (e2e_helpers'
+shm_left_behind, engine_files: by instance id, tagged processes)."""
 import os
 import subprocess
 import sys

@@ -31,6 +31,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from e2e_helpers import shm_files, shm_left_behind
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,36 +186,6 @@ def snapshot_diff(before: dict, after: dict) -> str:
 def assert_unchanged(before: dict, root: Path, res: Result | None = None) -> None:
     after = snapshot(root)
     assert after == before, f"files under {root} changed: {snapshot_diff(before, after)}\n{res.show() if res else ''}"
-
-
-def shm_in_use() -> set[str]:
-    """Names of /dev/shm files some live process has open or mapped."""
-    used = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith("/dev/shm/"):
-                    used.add(target[len("/dev/shm/"):].removesuffix(" (deleted)"))
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    if "/dev/shm/" in line:
-                        used.add(line.split("/dev/shm/", 1)[1].strip().removesuffix(" (deleted)"))
-        except OSError:
-            continue
-    return used
-
-
-def shm_leftovers(before: set[str]) -> set[str]:
-    """/dev/shm files that appeared since `before` and that no live process holds (the run's processes are all gone:
-    such a file is one it left behind; files of other users of the machine are held by their processes)."""
-    new = set(os.listdir("/dev/shm")) - before
-    return {n for n in new - shm_in_use() if os.path.exists(os.path.join("/dev/shm", n))} if new else set()
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -601,12 +573,12 @@ MEMORY_CASES = [
 def test_memory_cannot_fit(world, args, at_least_gib):
     if psutil.virtual_memory().available > at_least_gib * 2**30 / 2:
         pytest.skip("this machine has too much memory for the case to be refused")
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_files(vizdoom=True)
     res = run_in_world(world, "train.py", ["--train_dir", "{td}", *args], 2,
                        ["this configuration needs about", "GiB of memory", "GiB is available",
                         "lower --num_workers, --num_envs_per_worker, --num_policies, --batch_size or the model size"], timeout=90)
     assert res.seconds < 60, f"took {res.seconds:.0f} s to refuse\n{res.show()}"
-    left = shm_leftovers(shm_before)
+    left = shm_left_behind(shm_before, vizdoom=True)
     assert not left, f"/dev/shm files left behind: {sorted(left)}"
 
 

@@ -55,7 +55,8 @@ def test_readme_is_a_front_door():
     assert "## Quick start" in lines
     assert "make train      # set up, then: python train.py --env doom_basic --experiment quickstart " \
            "--train_for_env_steps 400000" in lines
-    assert "make test       # set up, then: python -m pytest -q   (what CI runs: .ci/run)" in lines
+    assert "make test       # set up, then the suite, 4 tests at once (pytest-xdist), then the few that run alone " \
+           "(CI: .ci/run)" in lines
     assert len(lines) <= 250, f"README.md has {len(lines)} lines: details belong in docs/"
     long = [f"{i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 120]
     assert not long, "README.md lines over 120 characters:\n" + "\n".join(long)

@@ -40,6 +40,7 @@ def summary(out_dir) -> dict:
 
 @pytest.mark.e2e
 @pytest.mark.doom
+@pytest.mark.serial  # its stages' time limits are a quiet machine's (a bare GPU machine's): alone, not beside 4 tests
 def test_cpu_dry_run_passes_every_stage(tmp_path):
     pytest.importorskip("vizdoom")
     out = tmp_path / "check"

@@ -226,6 +226,7 @@ def _fake_engine_files(instance_id: str, age: float) -> list:
     return files
 
 
+@pytest.mark.serial  # a Doom run starting beside it would remove its stale files first (it removes stale files)
 def test_stale_engine_files_only_those_nothing_uses(tmp_path):
     """stale_engine_files (removed at each run's start): engine files older than min_age that no live process names
     (an engine's +viz_instance_id) or has mapped (its host); young files (a game being created) are kept."""
@@ -254,6 +255,7 @@ def test_stale_engine_files_only_those_nothing_uses(tmp_path):
             f.unlink(missing_ok=True)
 
 
+@pytest.mark.serial  # removes every unused engine file, young ones too: a Doom game being made beside it would lose its own
 def test_engine_files_of_a_run_killed_at_once_are_removed_by_the_next(tmp_path):
     """Every process of a Doom env's host SIGKILLed at once (its engine too): nobody closes the game, its three files
     stay in /dev/shm; the next remove_stale_engine_files removes them (a live game's files stay)."""

@@ -58,6 +58,7 @@ def doom_shm() -> set:
 
 
 @pytest.mark.doom
+@pytest.mark.serial  # counts every VizDoom file in /dev/shm: those of Doom tests running beside it would count too
 def test_runner_killed_at_random_moments_of_start_up_leaves_nothing(tmp_path):
     """SIGKILL of train.py at 10 random moments of its first seconds, one in each 0.7-s stretch of them (env probe,
     fork server, learner, policy worker, rollout workers making their VizDoom engines, first frames): within seconds

@@ -304,6 +304,10 @@ def test_each_process_kind_killed_once_the_run_goes_on(tmp_path):
         first = child_pids(log)
         for name in ("rollout_worker_0", "policy_worker_0", "learner"):
             _kill_and_wait_for_progress(log, name)
+        # a report written between the kill and the replacement's first step shows the dead learner's version, below
+        # the replacement's: wait for one past it (seen on a loaded machine)
+        started_at = int(re.search(r"Replacement learner: .*; policy version (\d+)", log.read_text()).group(1))
+        wait_for(lambda: _progress(log)[1] > started_at, 90, "a version past the replacement learner's first", log)
         version_before_stop = _progress(log)[1]
         text = _stop(p, log)
     finally:

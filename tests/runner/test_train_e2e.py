@@ -7,7 +7,8 @@ import time
 import psutil
 import pytest
 
-from e2e_helpers import ROOT, child_pids, engine_files, shm_files, start_train, train_args, wait_for
+from e2e_helpers import (ROOT, child_pids, engine_files, shm_files, shm_left_behind, start_train, train_args,
+                         wait_for)
 from sf.runner.stats import read_event_scalars
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +33,7 @@ def test_trains_test_env_and_reports(tmp_path, entry, serial):
     assert all(0 <= x <= 100 for x in lag)
     assert max(v for _, v in scalars["perf/_fps"]) > 0
     assert "Policy lag (min:" in res.stdout
-    assert shm_files() <= shm_before  # no shared memory left behind
+    assert not shm_left_behind(shm_before)  # no shared memory left behind
 
 
 @pytest.mark.doom
@@ -128,7 +129,7 @@ def test_sigint_stops_everything_and_cleans_up(tmp_path):
     assert "Saved final checkpoint" in log.read_text()
     for pid in pids.values():
         assert not psutil.pid_exists(pid)
-    assert shm_files() <= shm_before
+    assert not shm_left_behind(shm_before)
 
 
 def test_stopped_and_continued_run_is_not_a_stall(tmp_path):
@@ -231,7 +232,7 @@ def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
     assert rc != 0
     wait_for(lambda: not any(_alive(pid) for pid in engines), 15, f"VizDoom engines to exit after SIGKILL of the {victim}")
     wait_for(lambda: not files & shm_files(vizdoom=True), 5, "engine shared memory removed")
-    assert shm_files() <= shm_before
+    assert not shm_left_behind(shm_before)
 
 
 @pytest.mark.doom
@@ -273,7 +274,7 @@ def test_hung_engine_is_reported_with_stack_and_the_worker_replaced(tmp_path):
     assert "Saved final checkpoint" in text
     assert not any(_alive(pid) for pid in [worker.pid, *(e.pid for e in engines)])
     wait_for(lambda: not files & shm_files(vizdoom=True), 5, "engine shared memory removed")
-    assert shm_files() <= shm_before
+    assert not shm_left_behind(shm_before)
 
 
 def test_corrupted_latest_falls_back_and_incompatible_is_one_line(tmp_path, entry):
