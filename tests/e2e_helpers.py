@@ -61,32 +61,13 @@ def shm_files(vizdoom: bool = False) -> set:
     return {n for n in os.listdir("/dev/shm") if vizdoom or not n.startswith("ViZDoom")}
 
 
-def shm_in_use() -> set[str]:
-    """Names of /dev/shm files some live process has open or mapped."""
-    used = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith("/dev/shm/"):
-                    used.add(target[len("/dev/shm/"):].removesuffix(" (deleted)"))
-            with open(f"/proc/{pid}/maps") as f:
-                used |= {line.split("/dev/shm/", 1)[1].strip().removesuffix(" (deleted)") for line in f
-                         if "/dev/shm/" in line}
-        except OSError:
-            continue
-    return used
-
-
 def shm_left_behind(before: set, vizdoom: bool = False) -> set:
     """/dev/shm files (VizDoom engines' too with `vizdoom`) that appeared since `before` and that no live process holds:
     once a run's processes are all gone, such a file is one it left behind; the files of tests running beside it (make
     test runs four at once) and of other users of the machine are held by their processes."""
+    from sf_envs.doom.engine_shm import mapped_or_open
     new = shm_files(vizdoom) - before
-    return {n for n in new - shm_in_use() if os.path.exists(os.path.join("/dev/shm", n))} if new else set()
+    return {n for n in new - mapped_or_open(new) if os.path.exists(os.path.join("/dev/shm", n))} if new else set()
 
 
 def engine_files(engines: list) -> set:

@@ -63,26 +63,29 @@ def stale_engine_files(min_age: float = 300.0) -> list[Path]:
         groups.pop(engine_instance_id(proc.info["cmdline"] or []), None)
         if not groups:
             return []
-    in_use = _mapped_or_open(set(f.name for files in groups.values() for f in files))
+    in_use = mapped_or_open(set(f.name for files in groups.values() for f in files))
     return sorted(f for files in groups.values() if not any(f.name in in_use for f in files) for f in files)
 
 
-def _mapped_or_open(names: set[str]) -> set[str]:
+def mapped_or_open(names: set[str]) -> set[str]:
     """Which of these /dev/shm file names some process we can inspect has mapped or open."""
     found = set()
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             with open(f"/proc/{pid}/maps", errors="replace") as f:
-                found.update(n for line in f if "/dev/shm/" in line
-                             for n in (line.rstrip("\n").split("/dev/shm/", 1)[1].removesuffix(" (deleted)"),)
-                             if n in names)
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("/dev/shm/") and target[len("/dev/shm/"):] in names:
-                    found.add(target[len("/dev/shm/"):])
+                found.update(line.rstrip("\n").split("/dev/shm/", 1)[1].removesuffix(" (deleted)") for line in f
+                             if "/dev/shm/" in line)
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:  # gone, or not ours to read (not ours: its files are not ours either, see the uid check)
             continue
-    return found
+        for fd in fds:
+            try:  # one fd closed while we look: the others still count
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/dev/shm/"):
+                found.add(target[len("/dev/shm/"):].removesuffix(" (deleted)"))
+    return found & names
 
 
 def remove_stale_engine_files(min_age: float = 300.0) -> tuple[int, int]:
