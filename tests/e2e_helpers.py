@@ -61,13 +61,23 @@ def shm_files(vizdoom: bool = False) -> set:
     return {n for n in os.listdir("/dev/shm") if vizdoom or not n.startswith("ViZDoom")}
 
 
-def shm_left_behind(before: set, vizdoom: bool = False) -> set:
-    """/dev/shm files (VizDoom engines' too with `vizdoom`) that appeared since `before` and that no live process holds:
-    once a run's processes are all gone, such a file is one it left behind; the files of tests running beside it (make
-    test runs four at once) and of other users of the machine are held by their processes."""
+def shm_left_behind(before: set, vizdoom: bool = False, settle: float = 20.0) -> set:
+    """/dev/shm files (VizDoom engines' too with `vizdoom`) that appeared since `before` and that no live process holds,
+    still there after up to `settle` seconds: once a run's processes are all gone, such a file is one it left behind.
+    The files of tests running beside it (make test runs four at once) and of other users of the machine are held by
+    their processes; a killed process's multiprocessing semaphores (sem.mp-*) are unlinked by its resource tracker
+    once the last process sharing that tracker has exited, which under load can come seconds later."""
     from sf_envs.doom.engine_shm import mapped_or_open
-    new = shm_files(vizdoom) - before
-    return {n for n in new - mapped_or_open(new) if os.path.exists(os.path.join("/dev/shm", n))} if new else set()
+
+    def unheld():
+        new = shm_files(vizdoom) - before
+        return {n for n in new - mapped_or_open(new) if os.path.exists(os.path.join("/dev/shm", n))} if new else set()
+    deadline = time.time() + settle
+    left = unheld()
+    while left and time.time() < deadline:
+        time.sleep(0.5)
+        left = unheld()
+    return left
 
 
 def engine_files(engines: list) -> set:
