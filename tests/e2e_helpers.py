@@ -1,13 +1,17 @@
 """Helpers for the tests that run the real multi-process system (train.py, torchrun) in subprocesses: the repository
 root, tiny-budget flags, starting a run and waiting on its log, its children's pids, leftover shared memory, a free
-TCP port for a process group's rendezvous, and a skip where an env cannot run here."""
+TCP port for a process group's rendezvous, a skip where an env cannot run here, and a fixture's directory made once
+for the session's parallel processes."""
+import fcntl
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -78,6 +82,28 @@ def shm_left_behind(before: set, vizdoom: bool = False, settle: float = 20.0) ->
         time.sleep(0.5)
         left = unheld()
     return left
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """A directory that `make(dir)` fills (a trained experiment, say), made once for the whole session and copied for
+    each caller. make test runs tests in 4 processes (pytest-xdist), each with module fixtures of its own: without
+    this, an expensive fixture would be made again in every process that runs one of its module's tests. The first
+    process to ask makes it under a file lock, the others wait for it; each gets a private copy, which its tests may
+    change. Run alone (no pytest-xdist), it is made in this session's own temporary directory."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's directory, above each worker's own
+    made = base / f"made_once_{name}"
+    with open(base / f"made_once_{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (made / ".made").exists():
+            shutil.rmtree(made, ignore_errors=True)  # a process whose make() failed halfway
+            made.mkdir()
+            make(made)
+            (made / ".made").touch()
+    copy = tmp_path_factory.mktemp(name)
+    shutil.copytree(made, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".made"))
+    return copy
 
 
 def engine_files(engines: list) -> set:

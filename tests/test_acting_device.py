@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from e2e_helpers import ROOT
+from e2e_helpers import ROOT, made_once
 
 pytestmark = pytest.mark.e2e
 TINY = ["--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "8", "--recurrence", "8", "--batch_size", "16",
@@ -44,16 +44,18 @@ def _resave_as_cuda(path) -> None:
 @pytest.fixture(scope="module")
 def exp_dir(tmp_path_factory):
     """train_dir/cu: trained on the CPU, then with a CUDA run's config.json and checkpoints."""
-    train_dir = tmp_path_factory.mktemp("acting_device")
-    res = _run("train.py", "--env", "test_image", "--experiment", "cu", "--train_dir", train_dir, *TINY, timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    exp = train_dir / "cu"
-    config = json.loads((exp / "config.json").read_text())
-    (exp / "config.json").write_text(json.dumps(dict(config, device="cuda"), indent=2))
+    def make(train_dir):
+        res = _run("train.py", "--env", "test_image", "--experiment", "cu", "--train_dir", train_dir, *TINY,
+                   timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        exp = train_dir / "cu"
+        config = json.loads((exp / "config.json").read_text())
+        (exp / "config.json").write_text(json.dumps(dict(config, device="cuda"), indent=2))
+        assert list(exp.glob("checkpoint_p0/*.pth"))
+        for path in sorted(exp.glob("checkpoint_p0/*.pth")):
+            _resave_as_cuda(path)
+    exp = made_once(tmp_path_factory, "acting_device", make) / "cu"
     checkpoints = sorted(exp.glob("checkpoint_p0/*.pth"))
-    assert checkpoints
-    for path in checkpoints:
-        _resave_as_cuda(path)
     import torch
     if not torch.cuda.is_available():  # the files are a CUDA run's: without map_location they do not load here
         with pytest.raises(RuntimeError, match="CUDA"):

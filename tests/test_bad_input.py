@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from e2e_helpers import shm_files, shm_left_behind
+from e2e_helpers import made_once, shm_files, shm_left_behind
 
 pytestmark = pytest.mark.e2e
 
@@ -205,14 +205,16 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> World:
+    def make(td):
+        res = run("train.py", ["--env", "test_corridor", "--experiment", "exp", "--train_dir", td, *TINY,
+                               "--train_for_env_steps", "500"], cwd=td, timeout=240, safe=False)
+        assert res.rc == 0, res.show()
+        assert list((td / "exp" / "checkpoint_p0").glob("checkpoint_*.pth")), res.show()
     base = tmp_path_factory.mktemp("bad_input")
-    td, cwd = base / "train_dir", base / "cwd"
+    td, cwd, exp = base / "train_dir", base / "cwd", base / "train_dir" / "exp"
     cwd.mkdir()
-    res = run("train.py", ["--env", "test_corridor", "--experiment", "exp", "--train_dir", td, *TINY,
-                           "--train_for_env_steps", "500"], cwd=cwd, timeout=240, safe=False)
-    assert res.rc == 0, res.show()
-    exp = td / "exp"
-    assert list((exp / "checkpoint_p0").glob("checkpoint_*.pth")), res.show()
+    td.mkdir()
+    shutil.move(made_once(tmp_path_factory, "bad_input_exp", make) / "exp", exp)
     cfg_bytes = (exp / "config.json").read_bytes()
     # Victims look like experiments (a config.json): a bad name that reached one would restart or overwrite it.
     for d in (base / "victim", base / "outside", td / "a" / "b"):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from e2e_helpers import ROOT, SMALL
+from e2e_helpers import ROOT, SMALL, made_once
 
 pytestmark = pytest.mark.e2e
 
@@ -23,12 +23,12 @@ def card(*args):
 
 @pytest.fixture(scope="module")
 def exp_dir(tmp_path_factory):
-    td = tmp_path_factory.mktemp("card_runs")
-    res = subprocess.run([sys.executable, "train.py", "--env", "test_image", "--experiment", "img", "--train_dir", td,
-                          *SMALL, "--num_workers", "1", "--train_for_env_steps", "2000", "--learning_rate", "0.0007"],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-    return td / "img"
+    def make(td):
+        res = subprocess.run([sys.executable, "train.py", "--env", "test_image", "--experiment", "img", "--train_dir",
+                              td, *SMALL, "--num_workers", "1", "--train_for_env_steps", "2000", "--learning_rate",
+                              "0.0007"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    return made_once(tmp_path_factory, "card_runs", make) / "img"
 
 
 def section(text: str, title: str) -> str:

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from e2e_helpers import made_once
+
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--num_workers", "1", "--num_envs_per_worker", "2", "--batch_size", "64", "--rollout", "16", "--recurrence", "16",
          "--rnn_size", "32", "--hidden_size", "32", "--device", "cpu"]
@@ -22,11 +24,12 @@ TINY = ["--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "8", "-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, entry):
     pytest.importorskip("vizdoom")
-    train_dir = tmp_path_factory.mktemp("enjoy")
-    res = entry("train.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", train_dir, *SMALL,
+
+    def make(train_dir):
+        res = entry("train.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", train_dir, *SMALL,
                     "--train_for_env_steps", "1500", timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    return train_dir
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return made_once(tmp_path_factory, "enjoy", make)
 
 
 @pytest.mark.e2e
@@ -96,11 +99,12 @@ def run_module(*args, timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def corridor(tmp_path_factory, entry):
     """A tiny trained test_corridor experiment (no game needed; a few seconds): train_dir/corridor."""
-    train_dir = tmp_path_factory.mktemp("enjoy_corridor")
-    res = entry("train.py", "--env", "test_corridor", "--experiment", "corridor", "--train_dir", train_dir, *TINY,
-                "--train_for_env_steps", "600", timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    return train_dir
+
+    def make(train_dir):
+        res = entry("train.py", "--env", "test_corridor", "--experiment", "corridor", "--train_dir", train_dir, *TINY,
+                    "--train_for_env_steps", "600", timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return made_once(tmp_path_factory, "enjoy_corridor", make)
 
 
 def _frames(shape, n):

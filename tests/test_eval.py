@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e_helpers import made_once
 from sf.eval import COLUMNS, main, t_quantile
 from sf.sampling.evaluation import EvalPlan
 
@@ -92,12 +93,13 @@ def _run(*args, timeout=180) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def experiments(tmp_path_factory, entry):
     """train_dir with `img` (test_image, one policy) and `race` (test_race, 2 agents per env, a population of 2)."""
-    train_dir = tmp_path_factory.mktemp("eval")
-    for name, env, extra in (("img", "test_image", []), ("race", "test_race", ["--num_policies", "2"])):
-        res = entry("train.py", "--env", env, "--experiment", name, "--train_dir", train_dir, *TINY, *extra,
-                    timeout=300)
-        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    return train_dir
+
+    def make(train_dir):
+        for name, env, extra in (("img", "test_image", []), ("race", "test_race", ["--num_policies", "2"])):
+            res = entry("train.py", "--env", env, "--experiment", name, "--train_dir", train_dir, *TINY, *extra,
+                        timeout=300)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return made_once(tmp_path_factory, "eval", make)
 
 
 def _rows(path: Path) -> tuple[list, list[dict]]:

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from e2e_helpers import ROOT, SMALL
+from e2e_helpers import ROOT, SMALL, made_once
 
 import onnxruntime  # the `export` extra (setup.py), which `make setup` installs
 
@@ -41,12 +41,13 @@ def run(*args, timeout=180):
 @pytest.fixture(scope="module")
 def train_dir(tmp_path_factory):
     """The three experiments trained, in one train dir."""
-    td = tmp_path_factory.mktemp("export_runs")
-    for name, (env, extra, _, _) in RUNS.items():
-        res = run("train.py", "--env", env, "--experiment", name, "--train_dir", td, *SMALL, "--num_workers", "1",
-                  *extra)
-        assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-    return td
+
+    def make(td):
+        for name, (env, extra, _, _) in RUNS.items():
+            res = run("train.py", "--env", env, "--experiment", name, "--train_dir", td, *SMALL, "--num_workers", "1",
+                      *extra)
+            assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    return made_once(tmp_path_factory, "export_runs", make)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from e2e_helpers import ROOT
+from e2e_helpers import ROOT, made_once
 
 pytestmark = pytest.mark.e2e
 SF_PYTHON = ROOT / ".venv-sf" / "bin" / "python"
@@ -76,11 +76,12 @@ def sf_runs(tmp_path_factory):
         pytest.skip(f"{SF_PYTHON} is absent: Sample Factory 2.1.1, the reference of these tests, lives there "
                     "(make setup-sf, which make test runs, creates it: python3 -m venv .venv-sf; pip install "
                     "torch==2.13.0, then sample-factory==2.1.1 'numpy<2' 'gymnasium<1.0' vizdoom ale-py)")
-    td = tmp_path_factory.mktemp("sf_runs")
-    for name, flags in SF_RUNS.items():
-        rc, log = sample_factory("train", "--experiment", name, "--train_dir", td, *SF_TINY, *flags, cwd=td)
-        assert rc == 0 and list((td / name / "checkpoint_p0").glob("checkpoint_*.pth")), log[-4000:]
-    return td
+
+    def make(td):
+        for name, flags in SF_RUNS.items():
+            rc, log = sample_factory("train", "--experiment", name, "--train_dir", td, *SF_TINY, *flags, cwd=td)
+            assert rc == 0 and list((td / name / "checkpoint_p0").glob("checkpoint_*.pth")), log[-4000:]
+    return made_once(tmp_path_factory, "sf_runs", make)
 
 
 @pytest.fixture(scope="module")

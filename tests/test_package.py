@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from e2e_helpers import made_once
+
 import sf.cfg
 from sf.cfg import FAMILIES_WITH_PRESETS, ConfigError, cli_main, load_preset
 
@@ -38,19 +40,20 @@ def _ok(res):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     """Build the wheel from a copy of the sources; returns its path."""
-    tmp = tmp_path_factory.mktemp("pkg")
-    src = tmp / "src"
-    src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.egg-info", "build")
-    for name in SOURCES:
-        path = ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=ignore)
-        else:
-            shutil.copy2(path, src / name)
-    _ok(_run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-              "--disable-pip-version-check", str(src), "-w", str(tmp / "dist")], cwd=tmp, timeout=300))
-    wheels = list((tmp / "dist").glob("sf-*.whl"))
+    def make(tmp):
+        src = tmp / "src"
+        src.mkdir()
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.egg-info", "build")
+        for name in SOURCES:
+            path = ROOT / name
+            if path.is_dir():
+                shutil.copytree(path, src / name, ignore=ignore)
+            else:
+                shutil.copy2(path, src / name)
+        _ok(_run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                  "--disable-pip-version-check", str(src), "-w", str(tmp / "dist")], cwd=tmp, timeout=300))
+        shutil.rmtree(src)
+    wheels = list((made_once(tmp_path_factory, "pkg", make) / "dist").glob("sf-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
 

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from e2e_helpers import made_once
 from env_test_helpers import check_contract, observation_trace
 from sf.cfg import ConfigError, cli_main, parse_cfg
 from sf_envs.errors import EnvUnavailableError
@@ -151,17 +152,21 @@ def test_preset_is_cleanrls_optimisation_over_sample_factorys(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, entry):
-    train_dir = tmp_path_factory.mktemp("mujoco")
-    res = entry("train.py", "--env", "mujoco_halfcheetah", "--experiment", "tiny", "--train_dir", train_dir,
-                "--num_workers", "1", "--train_for_env_steps", "3000", "--device", "cpu", "--seed", "1", timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return train_dir, res
+    """train_dir/tiny, and the run's console output."""
+    def make(train_dir):
+        res = entry("train.py", "--env", "mujoco_halfcheetah", "--experiment", "tiny", "--train_dir", train_dir,
+                    "--num_workers", "1", "--train_for_env_steps", "3000", "--device", "cpu", "--seed", "1",
+                    timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        (train_dir / "console.txt").write_text(res.stdout)
+    train_dir = made_once(tmp_path_factory, "mujoco", make)
+    return train_dir, (train_dir / "console.txt").read_text()
 
 
 @pytest.mark.e2e
 def test_short_training_run(trained):
-    train_dir, res = trained
-    assert "Mode: ppo" in res.stdout  # the preset's synchronous PPO
+    train_dir, console = trained
+    assert "Mode: ppo" in console  # the preset's synchronous PPO
     assert list((Path(train_dir) / "tiny" / "checkpoint_p0").glob("checkpoint_*.pth"))
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from e2e_helpers import ROOT
+from e2e_helpers import ROOT, made_once
 from model_test_helpers import make_cfg
 from sf.model.action_spaces import MASKED_LOGIT, action_distribution, mask_logits, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic
@@ -280,12 +280,13 @@ def assert_no_masked_action(res):
 @pytest.fixture(scope="module")
 def masked_run(tmp_path_factory, entry):
     """test_masked trained asynchronously (recurrent policy) for 3000 env frames: train_dir/masked."""
-    train_dir = tmp_path_factory.mktemp("masked")
-    res = entry("train.py", "--env", "test_masked", "--experiment", "masked", "--train_dir", train_dir, *TINY,
-                timeout=300)
-    assert_no_masked_action(res)
-    assert "Avg episode reward" in res.stdout
-    return train_dir
+
+    def make(train_dir):
+        res = entry("train.py", "--env", "test_masked", "--experiment", "masked", "--train_dir", train_dir, *TINY,
+                    timeout=300)
+        assert_no_masked_action(res)
+        assert "Avg episode reward" in res.stdout
+    return made_once(tmp_path_factory, "masked", make)
 
 
 @pytest.mark.e2e
