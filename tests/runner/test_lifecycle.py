@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from e2e_helpers import ROOT
+from e2e_helpers import ROOT, shm_files, shm_left_behind
 
 pytestmark = pytest.mark.e2e
 
@@ -53,19 +53,16 @@ def wait_until(pred, timeout: float) -> bool:
     return pred()
 
 
-def doom_shm() -> set:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("ViZDoom")}
-
-
 @pytest.mark.doom
-@pytest.mark.serial  # counts every VizDoom file in /dev/shm: those of Doom tests running beside it would count too
 def test_runner_killed_at_random_moments_of_start_up_leaves_nothing(tmp_path):
     """SIGKILL of train.py at 10 random moments of its first seconds, one in each 0.7-s stretch of them (env probe,
     fork server, learner, policy worker, rollout workers making their VizDoom engines, first frames): within seconds
-    no process of the run is alive and no engine shared memory is left."""
+    no process of the run is alive and no engine shared memory is left (no VizDoom file appeared that no live process
+    holds: those of Doom tests running beside this one are held by their engines). On a loaded machine start-up is
+    slower, so the same 7 s cover fewer of its stages."""
     pytest.importorskip("vizdoom")
     rng = random.Random(1234)
-    shm_before = doom_shm()
+    shm_before = shm_files(vizdoom=True)
     args = ["--env", "doom_basic", "--train_dir", str(tmp_path), "--num_workers", "2", "--num_envs_per_worker", "2",
             "--hidden_size", "32", "--device", "cpu", "--train_for_seconds", "300"]
     survivors = []
@@ -81,7 +78,8 @@ def test_runner_killed_at_random_moments_of_start_up_leaves_nothing(tmp_path):
             for pid in tagged(tag):
                 os.kill(pid, signal.SIGKILL)
     assert not survivors, f"processes outlived the runner by 10 s: {survivors}"
-    assert wait_until(lambda: doom_shm() <= shm_before, 5.0), sorted(doom_shm() - shm_before)
+    left = {n for n in shm_left_behind(shm_before, vizdoom=True) if n.startswith("ViZDoom")}
+    assert not left, sorted(left)
 
 
 def _break_optimizer_state(ckpt: Path) -> None:
