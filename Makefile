@@ -57,10 +57,11 @@ $(STAMP): setup.py pyproject.toml $(wildcard cpp/ipc/*.cpp cpp/ipc/*.h)
 train: setup
 	$(PY) train.py $(TRAIN_ARGS)
 
-# 4 tests at once (pytest-xdist; tests/conftest.py says why), then those that must run alone; TEST_JOBS=0: one at a time
+# 4 tests at once, the longest first (pytest-xdist; tests/conftest.py says why), then those that must run alone;
+# TEST_JOBS=0: one at a time
 TEST_JOBS ?= 4
 test: setup setup-sf setup-slurm
-	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not serial"
+	$(PY) -m pytest -q -n $(TEST_JOBS) --maxschedchunk 2 -m "not slow and not serial"
 	$(PY) -m pytest -q -m "serial and not slow"
 
 # the fast loop: no test that starts processes (marker e2e)
