@@ -60,9 +60,11 @@ train: setup
 # 4 tests at once, the longest first (pytest-xdist; tests/conftest.py says why), then those that must run alone;
 # TEST_JOBS=0: one at a time
 TEST_JOBS ?= 4
+# the files with tests marked serial, so that the second pass collects only them (tests/test_package.py checks the list)
+SERIAL_TESTS = tests/envs/test_env_doom.py tests/test_gpu_check_script.py
 test: setup setup-sf setup-slurm
 	$(PY) -m pytest -q -n $(TEST_JOBS) --maxschedchunk 2 -m "not slow and not serial"
-	$(PY) -m pytest -q -m "serial and not slow"
+	$(PY) -m pytest -q -m "serial and not slow" $(SERIAL_TESTS)
 
 # the fast loop: no test that starts processes (marker e2e)
 test-fast: setup

@@ -7,6 +7,7 @@ of the running venv are made visible with a .pth file of plain paths (those neve
 so the clone's `sf` stays invisible: checked). A missing preset of a built-in family is a one-line ConfigError; families
 that users register have no preset by design."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -162,3 +163,13 @@ def test_make_train_installs_only_what_training_needs():
     for other in ("slurm-wlm", "munge", "sample-factory", "/nonexistent/sf"):
         assert other not in train, other
         assert other in test, other  # the test target still sets them up
+
+
+def test_make_test_serial_pass_names_every_file_with_a_serial_test():
+    """make test's second pass collects only the files in SERIAL_TESTS: a test marked serial in another file would
+    run in neither pass (the first deselects it)."""
+    root = Path(__file__).resolve().parent.parent
+    listed = set(re.search(r"^SERIAL_TESTS = (.*)$", (root / "Makefile").read_text(), re.M).group(1).split())
+    marked = {str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
+              if re.search(r"pytest\.mark\.serial\b", p.read_text())}  # a decorator or a module's pytestmark
+    assert marked and marked == listed, (marked, listed)
