@@ -14,7 +14,8 @@ order of the Doom full architecture: obs, measurements). Key K's modules are `K_
 Input preprocessing (Sample Factory's ObservationNormalizer): image keys become `(x - obs_subtract_mean) / obs_scale`
 (defaults 0 and 255: uint8 frames to [0, 1]); then, with --normalize_input, the keys of --normalize_input_keys (None:
 every vector key) go through a running mean/std normalizer (sf.model.normalization), images per element as in Sample
-Factory. Vector keys are never scaled.
+Factory (PixelMeanStd, fed the raw frames: it folds the preprocessing into its statistics and its one multiply-add).
+Vector keys are never scaled.
 
 All encoders take `[B, *shape]` in storage dtype and return `[B, out_size]` float32. An image key without a normalizer
 is scaled inside the first convolution: its weight is multiplied by 1/obs_scale and the mean is folded into its bias
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sf.model.action_spaces import ACTION_MASK_KEY
-from sf.model.normalization import RunningMeanStd
+from sf.model.normalization import PixelMeanStd, RunningMeanStd
 from sf.utils.errors import ConfigError
 
 # (out_channels, kernel, stride), each conv followed by the nonlinearity (Sample Factory's ConvEncoder)
@@ -310,8 +311,9 @@ class ObsEncoder(nn.Module):
                                  "or [D] vectors")
             self.add_module(f"{key}_encoder", enc)
             norm = None
-            if key in normalized:
-                norm = RunningMeanStd(shape)
+            if key in normalized:  # (an image's normalizer is fed raw frames: it preprocesses them itself)
+                norm = PixelMeanStd(shape, self.obs_subtract_mean, self.obs_scale) if len(shape) == 3 else \
+                    RunningMeanStd(shape)
                 self.add_module(f"{key}_normalizer", norm)
             self._inputs.append((key, len(shape) == 3, enc, norm))
             out += enc.out_size
@@ -329,28 +331,18 @@ class ObsEncoder(nn.Module):
                               f"(its keys: {' '.join(self.keys)})")
         return set(cfg.normalize_input_keys)
 
-    def _preprocessed(self, x: torch.Tensor, image: bool) -> torch.Tensor:
-        """`x` in float32, an image as (x - obs_subtract_mean) / obs_scale: the input of a normalizer."""
-        x = x.to(torch.float32)
-        if image:
-            if self.obs_subtract_mean != 0.0:
-                x = x - self.obs_subtract_mean
-            if self.obs_scale != 1.0:
-                x = x * (1.0 / self.obs_scale)
-        return x
-
     @torch.no_grad()
     def update_normalizers(self, obs: dict, valid: Optional[torch.Tensor] = None) -> None:
         """Learner only: merge batch statistics of the normalized keys (`obs[key]` is `[..., *shape]`)."""
         for key, image, _, norm in self._inputs:
             if norm is not None:
-                norm.update(self._preprocessed(obs[key], image), valid)
+                norm.update(obs[key] if image else obs[key].to(torch.float32), valid)
 
     def forward(self, obs: dict) -> torch.Tensor:
         outs = []
         for key, image, enc, norm in self._inputs:
             x = obs[key]
             if norm is not None:
-                x = norm(self._preprocessed(x, image))
+                x = norm(x if image else x.to(torch.float32))
             outs.append(enc(x))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
