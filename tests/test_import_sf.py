@@ -13,6 +13,7 @@ directories.
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,7 +192,8 @@ def test_imported_optimizer_state_is_sample_factorys(sf_runs, imported):
 
 
 def test_imported_doom_agent_plays_trains_evaluates_exports(imported, entry, tmp_path):
-    td = imported
+    td = tmp_path / "td"  # (a copy: training on rotates the module's checkpoints, which the other tests read)
+    shutil.copytree(imported / "doom", td / "doom")
     res = entry("enjoy.py", "--env", "doom_basic", "--experiment", "doom", "--train_dir", td, "--no_render",
                 "--max_num_episodes", "1", timeout=120)
     assert res.returncode == 0 and "Episode 1: reward" in res.stdout, res.stdout + res.stderr
