@@ -34,7 +34,7 @@ setup-sf: $(SF_STAMP)
 $(SF_STAMP):
 	@new=; test -x $(SF_PY) || { $(PYTHON) -m venv $(SF_VENV) && new=1; }; \
 	if { $(SF_PY) -c "import torch" 2>/dev/null || $(SF_PY) -m pip install -q torch==2.13.0; } && \
-	   $(SF_PY) -m pip install -q sample-factory==2.1.1 "numpy<2" "gymnasium<1.0" vizdoom ale-py; then touch $@; \
+	   $(SF_PY) -m pip install -q sample-factory==2.1.1 "numpy<2" "gymnasium<1.0" vizdoom ale-py mujoco imageio; then touch $@; \
 	else [ -z "$$new" ] || rm -rf $(SF_VENV); \
 	  echo "warning: $(SF_VENV) (Sample Factory 2.1.1, tests/test_import_sf.py's reference) not set up; they skip"; fi
 
