@@ -422,3 +422,63 @@ def broadcast_object(obj, src: int = 0, group=None, what: str = "the broadcast o
 
 def _rank(group) -> int:
     return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+
+
+# --- the start verdict: rank 0 tells the others whether the run starts ----------------------------------------------
+# Only rank 0 holds the experiment (without a shared filesystem the others cannot see it): whether it trains, has
+# nothing to train, or refuses (bad input, the experiment's lock held) is decided there. Before the learners' group
+# exists, the other ranks learn it through torchrun's own store (TORCHELASTIC_USE_AGENT_STORE: the agent of the first
+# node serves it at MASTER_ADDR:MASTER_PORT), so that they stop at once with rank 0's line instead of waiting
+# --distributed_timeout_sec for a group that will never form.
+START_KEY = "sf/start/{restart}"  # one per torchrun restart (a restarted world decides again)
+TRAIN = "train"
+
+
+def _start_store(world: World, timeout_sec: float):
+    """A client of torchrun's store, or None (one rank, or a launcher without torchrun's agent store)."""
+    if not world.distributed or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return dist.TCPStore(world.master_addr, world.master_port, is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_sec))
+
+
+def _start_key() -> str:
+    return START_KEY.format(restart=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+_start_said = False  # rank 0 gave its verdict: a failure after the start changes nothing for the others
+
+
+def publish_start(world: World, code: Optional[int] = None, line: str = "", timeout_sec: float = 60.0) -> None:
+    """Rank 0, once: the run starts (`code` None), or it ends with exit code `code` and the one-line `line`. A store
+    that cannot be reached within min(timeout_sec, 10 s) is left alone (the other ranks then time out, as they would
+    without the verdict)."""
+    global _start_said
+    if _start_said:
+        return
+    _start_said = True
+    try:
+        store = _start_store(world, min(timeout_sec, 10.0))
+        if store is not None:
+            store.set(_start_key(), TRAIN if code is None else f"{code} {(line.strip().splitlines() or [''])[0]}")
+    except (RuntimeError, OSError):  # (DistStoreError, DistNetworkError: RuntimeErrors)
+        pass
+
+
+def await_start(world: World, timeout_sec: float) -> Optional[tuple[int, str]]:
+    """Ranks > 0: None when rank 0 starts the run (or there is no store to ask), else (exit code, rank 0's line).
+    RuntimeError (one line) when rank 0 says nothing within `timeout_sec`."""
+    store = _start_store(world, timeout_sec)
+    if store is None:
+        return None
+    try:
+        store.wait([_start_key()], datetime.timedelta(seconds=timeout_sec))
+        verdict = store.get(_start_key()).decode()
+    except RuntimeError as e:
+        raise RuntimeError(f"rank {world.rank}: rank 0 did not say within {timeout_sec:g} s (--distributed_timeout_sec)"
+                           f" whether the run starts, at {world.master_addr}:{world.master_port} "
+                           f"({type(e).__name__}: {first_line(e)})") from None
+    if verdict == TRAIN:
+        return None
+    code, _, line = verdict.partition(" ")
+    return int(code), line

@@ -4,9 +4,14 @@ run in one line before anything is written or allocated: the env runs (probe_env
 (RunShape.of, sf/cfg/shape.py), the run fits in memory (check_memory), the checkpoint to resume fits this env and model
 (check_checkpoint), a resumed experiment has frames left to train (already_trained); only then, under the
 experiment's lock, the experiment directory (prepare_experiment_dir) and its log file (setup_logging).
+
+With torchrun, rank 0 alone decides whether the run starts (it alone may see the experiment: there may be no shared
+filesystem), and tells the other ranks before the learners' group exists (telling_other_ranks, follow_rank0): a
+finished experiment, or a refusal on rank 0, then ends every rank at once with rank 0's line.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
@@ -27,7 +32,8 @@ from sf.learning.checkpoint import CheckpointError, check_compatible
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG
 from sf.seeding import rank_seed
-from sf_envs.registry import make_env
+from sf.utils.files import first_line
+from sf_envs.registry import make_env, remove_stale_leftovers
 
 log = logging.getLogger("sf")
 
@@ -260,7 +266,11 @@ def already_trained(cfg, resumed: list[tuple[int, int]], world: distributed.Worl
 
 def nothing_to_train(cfg, resumed: list[tuple[int, int]], world: distributed.World, exp_dir: Path) -> int:
     """A finished experiment resumed with the same budget: start nothing, write nothing (no checkpoint re-saved, no
-    best relabelled, no config.json, log or event file); say so with the experiment's counters. Exit code 0."""
+    best relabelled, no config.json, log or event file); say so with the experiment's counters (rank 0: to the other
+    ranks too). Exit code 0."""
+    if world.rank == 0:
+        distributed.publish_start(world, 0, "nothing to train: the experiment reached --train_for_env_steps "
+                                  f"{cfg.train_for_env_steps} already", cfg.distributed_timeout_sec)
     if cfg.num_policies > 1:
         counters = (f"policy versions {', '.join(str(v) for v, _ in resumed)}; env frames "
                     f"{', '.join(str(f) for _, f in resumed)}")
@@ -273,6 +283,45 @@ def nothing_to_train(cfg, resumed: list[tuple[int, int]], world: distributed.Wor
              counters, exp_dir / ("checkpoint_p*" if cfg.num_policies > 1 else "checkpoint_p0"))
     return 0
 
+
+
+@contextlib.contextmanager
+def telling_other_ranks(world: distributed.World, timeout_sec: float):
+    """Rank 0's start-up (torchrun): if it raises before the run starts, the other ranks get its exit code (bad input
+    2, Ctrl-C 130, else 1) and its line (distributed.publish_start; once the run started, they already know)."""
+    try:
+        yield
+    except BaseException as e:
+        if world.distributed:
+            code = 2 if isinstance(e, ConfigError) else 130 if isinstance(e, KeyboardInterrupt) else 1
+            distributed.publish_start(world, code, first_line(e, limit=None), timeout_sec)
+        raise
+
+
+def follow_rank0(cfg, world: distributed.World, resumed: list[tuple[int, int]], exp_dir: Path) -> int | None:
+    """Ranks > 0: None to train, else the exit code to end with: its own files show the budget reached (a shared
+    filesystem), or rank 0 stopped (its line is repeated here: 0 is logged, 2 raises ConfigError, others RunError)."""
+    if already_trained(cfg, resumed, world):
+        return nothing_to_train(cfg, resumed, world, exp_dir)
+    try:
+        verdict = distributed.await_start(world, cfg.distributed_timeout_sec)
+    except RuntimeError as e:
+        raise RunError(str(e)) from None
+    if verdict is None:
+        return None
+    code, line = verdict
+    if code == 0:
+        log.info("Done: rank 0: %s. Nothing was written on this rank.", line)
+        return 0
+    raise (ConfigError if code == 2 else RunError)(f"rank 0 did not start the run: {line}")
+
+
+def remove_leftovers() -> None:
+    """Remove what the engines of killed runs left in /dev/shm (before the runner's memory check), saying so."""
+    removed, freed = remove_stale_leftovers()
+    if removed:
+        log.info("Removed %d files (%.1f MiB of memory) from /dev/shm that engines of killed runs left there",
+                 removed, freed / 2**20)
 
 
 def prepare_experiment_dir(cfg) -> Path:

@@ -45,9 +45,9 @@ from sf.runner import tracking
 from sf.runner.experiment_lock import ExperimentLock, run_holding
 from sf.runner.healing import Healer, audit_slots, exit_cause, process_kind
 from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams
-from sf.runner.preflight import (already_trained, check_checkpoint, check_memory, data_parallel_world,
-                                 nothing_to_train, prepare_experiment_dir, probe_env, report_background_errors,
-                                 setup_logging)
+from sf.runner.preflight import (already_trained, check_checkpoint, check_memory, data_parallel_world, follow_rank0,
+                                 nothing_to_train, prepare_experiment_dir, probe_env, remove_leftovers,
+                                 report_background_errors, setup_logging, telling_other_ranks)
 from sf.runner.queues import close_queues, learner_queues, make_queues, policy_queues, worker_queues
 from sf.runner.reports import ReportReader
 from sf.runner.serial import run_serial
@@ -56,7 +56,7 @@ from sf.runner.supervision import TRACE_LOG, child_main, kill_adopted, worker_co
 from sf.runner.watchdog import StallWatchdog
 from sf.sampling.policy_worker import run_policy_worker
 from sf.sampling.rollout_worker import run_rollout_worker
-from sf_envs.registry import env_spec, process_leftover_files, remove_stale_leftovers
+from sf_envs.registry import env_spec, process_leftover_files
 
 log = logging.getLogger("sf")
 MODE_LINES = {
@@ -78,31 +78,31 @@ def run_training(cfg) -> int:
     report_background_errors()
     cfg, world = data_parallel_world(cfg)
     tracking.check(cfg)  # --with_wandb: wandb imports
-    removed, freed = remove_stale_leftovers()  # what killed runs left in /dev/shm (before the runner's memory check)
-    if removed:
-        log.info("Removed %d files (%.1f MiB of memory) from /dev/shm that engines of killed runs left there",
-                 removed, freed / 2**20)
-    runner = Runner(cfg, world)
+    remove_leftovers()  # what killed runs left in /dev/shm (before the runner's memory check)
     if world.rank > 0:  # the experiment directory is rank 0's: this rank logs to the console only
+        runner = Runner(cfg, world)
         logging.getLogger().removeHandler(early)
-        return (nothing_to_train(cfg, runner.resumed, world, runner.exp_dir)
-                if already_trained(cfg, runner.resumed, world) else runner.run())
-    # One run per experiment (sf/runner/experiment_lock.py): taken before anything of it is moved, deleted or written,
-    # held until the run and its learners end; a second runner is refused in one line (exit code 2)
-    runner.lock = ExperimentLock.acquire(cfg.train_dir, cfg.experiment)
-    try:
-        # (the checkpoints were read before the lock: a run that ended since only trained more)
-        if already_trained(cfg, runner.resumed, world):
-            return nothing_to_train(cfg, runner.resumed, world, runner.exp_dir)
-        exp_dir = prepare_experiment_dir(cfg)
-        save_cfg(cfg, exp_dir)
+        code = follow_rank0(cfg, world, runner.resumed, runner.exp_dir)  # (its own files, else rank 0's verdict)
+        return runner.run() if code is None else code
+    with telling_other_ranks(world, cfg.distributed_timeout_sec):  # (whether the run starts; why not, if it fails)
+        runner = Runner(cfg, world)
+        # One run per experiment (sf/runner/experiment_lock.py): taken before anything of it is moved, deleted or
+        # written, held until the run and its learners end; a second runner is refused in one line (exit code 2)
+        runner.lock = ExperimentLock.acquire(cfg.train_dir, cfg.experiment)
         try:
-            setup_logging(exp_dir, early)
-        except OSError as e:
-            raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
-        return runner.run()
-    finally:  # (a process of the run that could not be killed still holds it: its file stays, locked)
-        runner.lock.release(remove=not any(p.is_alive() for p in getattr(runner, "procs", {}).values()))
+            # (the checkpoints were read before the lock: a run that ended since only trained more)
+            if already_trained(cfg, runner.resumed, world):
+                return nothing_to_train(cfg, runner.resumed, world, runner.exp_dir)
+            exp_dir = prepare_experiment_dir(cfg)
+            save_cfg(cfg, exp_dir)
+            try:
+                setup_logging(exp_dir, early)
+            except OSError as e:
+                raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
+            distributed.publish_start(world, timeout_sec=cfg.distributed_timeout_sec)
+            return runner.run()
+        finally:  # (a process of the run that could not be killed still holds it: its file stays, locked)
+            runner.lock.release(remove=not any(p.is_alive() for p in getattr(runner, "procs", {}).values()))
 
 
 class Runner:

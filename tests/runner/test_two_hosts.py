@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import ROOT, SMALL, trained_frames, wait_for
+from sf.runner.experiment_lock import ExperimentLock
 from two_hosts import TwoHosts, why_not
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(why_not() is not None, reason=f"two hosts: {why_not()}")]
@@ -22,7 +23,8 @@ def torchrun(host, rdzv_host, train_dir: Path, log: Path, *extra: str):
     return host.popen(cmd, log, cwd=ROOT)
 
 
-def run_both(h0, h1, dirs, logs, *extra) -> list[str]:
+def run_both(h0, h1, dirs, logs, *extra, ok: bool = True) -> list[str]:
+    """Both hosts' torchrun to their end (both exit 0, or with `ok` False both fail); their logs."""
     procs = [torchrun(h, h0, d, log, *extra) for h, d, log in zip((h0, h1), dirs, logs)]
     try:
         rcs = [p.wait(timeout=300) for p in procs]
@@ -30,7 +32,7 @@ def run_both(h0, h1, dirs, logs, *extra) -> list[str]:
         for p in procs:
             p.kill()
     texts = [log.read_text() for log in logs]
-    assert rcs == [0, 0], "\n\n".join(t[-3000:] for t in texts)
+    assert (rcs == [0, 0]) if ok else (0 not in rcs), (rcs, "\n\n".join(t[-3000:] for t in texts))
     return texts
 
 
@@ -61,6 +63,27 @@ def test_two_hosts_train_and_resume_without_a_shared_filesystem(tmp_path):
         assert [r for r, _ in resumed[0]] == ["0"] and [r for r, _ in resumed[1]] == ["1"], texts[1][-3000:]
         assert resumed[0][0][1] == resumed[1][0][1]  # the same version: rank 0's checkpoint, sent to rank 1
         assert digest(texts[0], 0) == digest(texts[1], 1) != first
+        assert files(dirs[1]) == []
+        wait_for(lambda: h0.pids() == [] and h1.pids() == [], 20, "nothing left running on either host")
+
+        # Only host 0 can see that the experiment is finished, or that it refuses the run: host 1 learns it from rank
+        # 0 through torchrun's store, at once (before, it waited --distributed_timeout_sec for the learners' group)
+        start = time.monotonic()
+        texts = run_both(h0, h1, dirs, logs, "--train_for_env_steps", "6000", "--distributed_timeout_sec", "600")
+        assert time.monotonic() - start < 120
+        assert "[rank 0][INFO] Done: nothing to train" in texts[0], texts[0][-3000:]
+        assert ("[rank 1][INFO] Done: rank 0: nothing to train: the experiment reached --train_for_env_steps 6000 "
+                "already. Nothing was written on this rank.") in texts[1], texts[1][-3000:]
+        lock = ExperimentLock.acquire(dirs[0], "ddp")  # (another run of the experiment, on host 0)
+        try:
+            start = time.monotonic()
+            texts = run_both(h0, h1, dirs, logs, "--train_for_env_steps", "9000", "--distributed_timeout_sec", "600",
+                             ok=False)
+        finally:
+            lock.release()
+        assert time.monotonic() - start < 120
+        refusal = re.search(r"train.py: error: (experiment .* is in use by another run.*)", texts[0]).group(1)
+        assert f"train.py: error: rank 0 did not start the run: {refusal}" in texts[1], texts[1][-3000:]
         assert files(dirs[1]) == []
         wait_for(lambda: h0.pids() == [] and h1.pids() == [], 20, "nothing left running on either host")
 
