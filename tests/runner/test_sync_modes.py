@@ -46,14 +46,18 @@ def final_checkpoint_digest(exp_dir) -> str:
 
 
 def test_hts_same_seed_same_weights_across_runs_and_layouts(entry, tmp_path):
-    (digest, version, frames), out = run(entry, tmp_path, "a", "hts", 5, 2, 4)
+    """The first run draws its seed (none given): it is saved in config.json and printed, and every other run is given
+    it (so they also show that the saved seed repeats the run)."""
+    (digest, version, frames), out = run(entry, tmp_path, "a", "hts", None, 2, 4)
+    seed = json.loads((tmp_path / "a" / "config.json").read_text())["seed"]
+    assert isinstance(seed, int) and f"--seed {seed} (drawn at random" in out and f"seed {seed}" in out
     assert int(frames) == 4096  # the budget ends at the batch boundary that reaches it: 4 batches of 1024
     assert "Mode: hts" in out and "policy lag exactly 1 batch" in out
     # (separate runs of other layouts: the same weights also show that a run repeats itself)
     for name, workers, envs, extra in (("w1x8", 1, 8, ()), ("w4x2", 4, 2, ()), ("serial", 2, 4, ("--serial_mode", "True"))):
-        assert run(entry, tmp_path, name, "hts", 5, workers, envs, *extra)[0] == (digest, version, frames), name
+        assert run(entry, tmp_path, name, "hts", seed, workers, envs, *extra)[0] == (digest, version, frames), name
     assert final_checkpoint_digest(tmp_path / "a") == digest  # the checkpoint on disk holds exactly those weights
-    assert run(entry, tmp_path, "seed6", "hts", 6, 2, 4)[0][0] != digest  # another seed: other weights
+    assert run(entry, tmp_path, "other_seed", "hts", seed ^ 1, 2, 4)[0][0] != digest  # another seed: other weights
 
     # one point per batch: the first trains on the initial weights' data (HTS-RL's theta_-1 = theta_0), then exactly 1
     # (each batch's data was also checked by the learner itself: samples of another version stop the run)
@@ -68,13 +72,6 @@ def test_ppo_same_seed_same_weights_and_lag_zero(entry, tmp_path):
     scalars = read_event_scalars(tmp_path / "a")
     assert [v for _, v in scalars["train/policy_lag_batches"]] == [0.0] * 4
     assert min(v for _, v in scalars["train/policy_lag_min"]) == 0.0  # each batch's first SGD step is on-policy
-
-
-def test_seed_drawn_when_not_given_is_saved_and_printed(entry, tmp_path):
-    (digest, _, _), out = run(entry, tmp_path, "a", "hts", None, 2, 4)
-    seed = json.loads((tmp_path / "a" / "config.json").read_text())["seed"]
-    assert isinstance(seed, int) and f"--seed {seed} (drawn at random" in out and f"seed {seed}" in out
-    assert run(entry, tmp_path, "b", "hts", seed, 2, 4)[0][0] == digest  # the saved seed repeats the run
 
 
 @pytest.mark.parametrize("flags,message", [
