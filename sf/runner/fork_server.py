@@ -16,9 +16,13 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)  # before the line above took effec
 # exits on EOF). Each worker installs its own SIGTERM handler at start (supervision.child_main).
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-from sf.processes.control import set_process_name  # noqa: E402
+from sf.processes.control import die_with_parent, set_process_name  # noqa: E402
 
 set_process_name("fork_server")  # top, ps: sf:fork_server (each worker renames itself at start)
+# It exits when the runner's end of its pipe closes, but reads that pipe only once its preloading (torch, the warm-up
+# below: seconds, more on a loaded machine) is over: a runner SIGKILLed during start-up would leave it running that
+# long. The kernel ends it with the runner instead (a worker it forked asks the same for itself).
+die_with_parent()
 
 # Every worker is forked from this process, so it must never initialize CUDA: a child of a process that did cannot
 # use CUDA ("initialization error"). torch.cuda.is_available() calls cudaGetDeviceCount, which initializes the driver,
