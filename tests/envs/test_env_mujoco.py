@@ -32,7 +32,8 @@ SF_PRESET = dict(sync_mode="ppo", num_envs_per_worker=8, worker_num_splits=2, tr
                  max_grad_norm=3.5, num_epochs=2, num_batches_per_epoch=4, ppo_clip_ratio=0.2, value_loss_coeff=1.3,
                  exploration_loss_coeff=0.0, learning_rate=0.00295, lr_schedule="linear_decay", gamma=0.99,
                  gae_lambda=0.95, with_vtrace=False, recurrence=1, normalize_input=True, normalize_returns=True,
-                 value_bootstrap=True, experiment_summaries_interval=3.0, save_every_sec=15)
+                 value_bootstrap=True, experiment_summaries_interval=3.0, save_every_sec=15,
+                 initial_stddev=1.0)  # (its default)
 
 
 def raw_env(env_id):
@@ -132,11 +133,12 @@ def test_episode_report_at_the_time_limit():
 # the preset's own optimisation (configs/mujoco.json): CleanRL's ppo_continuous_action.py's, measured above CleanRL's
 # published means at 1M steps (docs/benchmarks.md, Learning); the rest is Sample Factory's preset
 OURS = dict(num_envs_per_worker=16, batch_size=128, num_epochs=10, learning_rate=0.0003, kl_loss_coeff=0.0,
-            value_loss_coeff=0.5, max_grad_norm=0.5, policy_initialization="orthogonal", actor_critic_share_weights=False)
+            value_loss_coeff=0.5, max_grad_norm=0.5, policy_initialization="orthogonal", actor_critic_share_weights=False,
+            initial_stddev=0.5)  # (HalfCheetah's: 1.0 for the other envs)
 # the flags that give Sample Factory's preset back (the preset's _comment names them)
 SF_FLAGS = ["--num_envs_per_worker", "8", "--batch_size", "1024", "--num_epochs", "2", "--learning_rate", "0.00295",
             "--kl_loss_coeff", "0.1", "--value_loss_coeff", "1.3", "--max_grad_norm", "3.5",
-            "--policy_initialization", "torch_default"]
+            "--policy_initialization", "torch_default", "--initial_stddev", "1.0"]
 
 
 def test_preset_is_cleanrls_optimisation_over_sample_factorys(tmp_path):
@@ -148,6 +150,7 @@ def test_preset_is_cleanrls_optimisation_over_sample_factorys(tmp_path):
     assert {k: getattr(cfg, k) for k in SF_PRESET} == SF_PRESET  # Sample Factory's documented preset, by flags
     cfg = parse_cfg(["--env", "mujoco_walker", "--train_dir", str(tmp_path), "--learning_rate", "0.001"])
     assert cfg.learning_rate == 0.001 and cfg.nonlinearity == "tanh"  # flags over the preset
+    assert cfg.initial_stddev == 1.0  # (0.5 is HalfCheetah's alone)
 
 
 @pytest.fixture(scope="module")
