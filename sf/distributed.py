@@ -450,7 +450,8 @@ _start_said = False  # rank 0 gave its verdict: a failure after the start change
 
 
 def publish_start(world: World, code: Optional[int] = None, line: str = "", timeout_sec: float = 60.0) -> None:
-    """Rank 0, once: the run starts (`code` None), or it ends with exit code `code` and the one-line `line`. A store
+    """Rank 0, once: the run starts (`code` None), or it ends with exit code `code` and `line` (one line: callers pass
+    sf.utils.files.first_line of the error). A store
     that cannot be reached within min(timeout_sec, 10 s) is left alone (the other ranks then time out, as they would
     without the verdict)."""
     global _start_said
@@ -460,7 +461,7 @@ def publish_start(world: World, code: Optional[int] = None, line: str = "", time
     try:
         store = _start_store(world, min(timeout_sec, 10.0))
         if store is not None:
-            store.set(_start_key(), TRAIN if code is None else f"{code} {(line.strip().splitlines() or [''])[0]}")
+            store.set(_start_key(), TRAIN if code is None else f"{code} {line}")
     except (RuntimeError, OSError):  # (DistStoreError, DistNetworkError: RuntimeErrors)
         pass
 
