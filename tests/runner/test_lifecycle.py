@@ -211,8 +211,9 @@ def _start_live(tmp_path, tag: str) -> tuple[subprocess.Popen, Path]:
     p = start([*_base(tmp_path), "--train_for_seconds", "300", "--save_every_sec", "1",
                "--experiment_summaries_interval", "1"], log, tag)
     ckpt_dir = tmp_path / "e" / "checkpoint_p0"
-    ok = wait_until(lambda: re.search(r"Policy version: [1-9]", log.read_text()) and any(ckpt_dir.glob("checkpoint_*")),
-                    120)
+    # "*.pth": a save in progress is a checkpoint_*.pth.tmp, and a kill then leaves nothing to resume from
+    ok = wait_until(lambda: re.search(r"Policy version: [1-9]", log.read_text())
+                    and any(ckpt_dir.glob("checkpoint_*.pth")), 120)
     assert ok, log.read_text()[-3000:]
     return p, log
 
