@@ -81,7 +81,7 @@ TASKS = {t.name: t for t in [
          f"{SF_CARD}; HF Deep RL course unit 8 part 2 (Sample Factory, 4M frames)", course_rule=True, **DOOM),
     # 10M frames: a reactive task (turn and shoot, no navigation, a reward per kill), easier than health gathering
     # supreme, which the course expects to learn in 4M; 2.5x that leaves room to approach the anchor's plateau while
-    # 3 seeds stay under two hours on 2 cores (about 6-7k frames/s for Doom's preset: docs/benchmarks.md)
+    # a seed takes about 35 minutes on 2 cores (its preset, Sample Factory 2's settings: about 4.6k frames/s)
     Task("doom_defend_the_center", 10_000_000, 100, "≈ 24-25", SF_CARD, **DOOM),
     # 600k frames: benchmarks/learning_doom_basic.py's budget, which reaches its 0.75 target at ~200k
     Task("doom_basic", 600_000, 100, "≈ 0.75", SF_CARD, **DOOM),

@@ -140,6 +140,18 @@ def test_presets_are_valid():
                 convert(params[k], v)  # raises ValueProblem
 
 
+def test_doom_learning_scenarios_take_sample_factory_2s_settings_and_the_others_the_papers():
+    """Health gathering supreme and defend the center train with Sample Factory 2's Doom defaults (PPO with GAE,
+    symmetric-KL exploration, gain-1 initialization, the screen normalized per pixel: docs/benchmarks.md, Learning);
+    the other scenarios keep the paper's Table A.5 settings (V-trace, batches of 2,048)."""
+    from sf.cfg.parse import parse_cfg
+    shape = lambda c: (c.with_vtrace, c.batch_size, c.exploration_loss, c.policy_init_gain,  # noqa: E731
+                       c.normalize_input_keys, c.normalize_returns)
+    for env in ("doom_health_gathering_supreme", "doom_defend_the_center"):
+        assert shape(parse_cfg(["--env", env])) == (False, 1024, "symmetric_kl", 1.0, ["obs"], True), env
+    assert shape(parse_cfg(["--env", "doom_battle"])) == (True, 2048, "entropy", None, None, False)
+
+
 @pytest.mark.parametrize("flag, value, needle", [
     ("learning_rate", "nan", "--learning_rate must be a finite number in (0, 1] (got nan)"),
     ("learning_rate", "0", "--learning_rate must be in (0, 1]"),
