@@ -2,7 +2,9 @@
 collectives that keep every rank's weights identical.
 
 Launched with torchrun, every rank runs a whole single-machine stack (samplers, policy workers, one learner per
-policy); only the learners talk across ranks. After `loss.backward()` of every SGD step, `GradientAllReduce`
+policy); only the learners talk across ranks. A population (--num_policies N > 1) is placed instead: policy p on rank
+p mod world size alone (`World.policies`), whose learner trains it like a single machine's and writes its checkpoints
+into that rank's experiment directory; nothing below applies to it. After `loss.backward()` of every SGD step, `GradientAllReduce`
 replaces each rank's gradients by their average over the ranks, so gradient clipping and the optimizer step see
 the same numbers everywhere and, starting from the same weights and optimizer state, every rank applies the same
 update: no weight broadcast is ever needed after the start.
@@ -93,6 +95,18 @@ class World:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    def policies(self, num_policies: int) -> list[int]:
+        """The policies this rank trains. One policy: every rank trains it (data-parallel). A population
+        (num_policies > 1): policy p lives on rank p mod world size alone (its learner, its policy workers, the agents
+        it plays), so its learner forms no group with other ranks."""
+        if num_policies > 1:
+            return list(range(self.rank, num_policies, self.world_size))
+        return list(range(num_policies))
+
+    def data_parallel(self, num_policies: int) -> bool:
+        """Whether the learners of this run average gradients across ranks: torchrun with one policy."""
+        return self.distributed and num_policies == 1
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:

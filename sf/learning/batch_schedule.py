@@ -51,14 +51,14 @@ class AsyncSchedule:
         try:
             while True:
                 stopping = learner.state.stopping() or not runner_alive()
-                if stopping and not learner.world.distributed:
+                if stopping and not learner.data_parallel:
                     break
                 learner.state.beat(learner.heartbeat)
                 if learner.population:  # also while no batch comes: a copy is visible to the actors at once
                     learner.apply_population_updates()
                 experience = batcher.next_batch(timeout=0.1)
                 LAPS.lap("wait_batch")
-                if learner.world.distributed:
+                if learner.data_parallel:
                     if experience is None and not stopping:
                         continue
                     if not learner.ranks_go_on(stopping):  # every rank stops at this batch boundary

@@ -111,19 +111,21 @@ class Learner:
             log.info("The observation encoder computes in bfloat16 (--precision %s; float32 weights, RNN, heads and losses)",
                      cfg.precision)
         self.world = world or distributed.World()
+        # (a population under torchrun: this policy lives on this rank alone, its learner trains as on one machine)
+        self.data_parallel = self.world.data_parallel(cfg.num_policies)
         grad_hook = None
-        if self.world.distributed:
+        if self.data_parallel:
             distributed.init_learner_group(self.world, self.device, cfg.distributed_timeout_sec)
             distributed.abort_waits_on_stop(shared_state.stopping)  # (NCCL: a dead peer's collective never ends)
             grad_hook = distributed.GradientAllReduce(self.model.parameters())
             distributed.share_normalizer_statistics(self.model)  # the union batch's statistics on every rank
         self.grad_allreduce = grad_hook  # (its time, reported at the end: what the ranks' lockstep costs)
         self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook,
-                         frames_per_sample=frameskip * self.world.world_size)  # (the run's frames: linear decay)
+                         frames_per_sample=frameskip * self.ranks_training)  # (the run's frames: linear decay)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=policy_id, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric,
-                                             read_only=self.world.rank > 0)  # rank 0's directory: only it writes
+                                             read_only=not self.writes)  # data-parallel: rank 0's directory
         self.frames_per_traj = cfg.rollout * frameskip
         self.trajs_per_batch = self.shape.trajs_per_batch
         self.version, self.env_steps = 0, 0
@@ -137,13 +139,23 @@ class Learner:
                                recycled=self._count_recycled if cfg.sampler_only else None)
         if replacement:
             self._take_over()
-        elif self.world.distributed:
+        elif self.data_parallel:
             self._join_ranks()
         else:
             self._load_checkpoint()
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
         self.ledger.start_released(self.env_steps)  # SharedState.released: none copied out and untrained yet
         self.publish(self.version)
+
+    @property
+    def ranks_training(self) -> int:
+        """Ranks whose samples train this policy's weights: all of them data-parallel, else this one."""
+        return self.world.world_size if self.data_parallel else 1
+
+    @property
+    def writes(self) -> bool:
+        """Whether this learner writes its policy's checkpoints: data-parallel, rank 0 alone; else always."""
+        return not self.data_parallel or self.world.rank == 0
 
     # --- checkpoints ---
     def _load_checkpoint(self, always: bool = False) -> dict | None:
@@ -207,7 +219,7 @@ class Learner:
         distributed.broadcast_state(self.model)
 
     def save(self, final: bool = False) -> None:
-        if self.world.rank != 0:  # rank 0 writes the checkpoints: every rank holds the same weights
+        if not self.writes:  # data-parallel: rank 0 writes the checkpoints, every rank holds the same weights
             return
         saved = self.checkpoints.holds(self.version, self.env_steps)
         if saved is not None:  # nothing trained since it was written or loaded: nothing is rewritten, no best relabelled
@@ -310,7 +322,7 @@ class Learner:
     def sgd(self, experience) -> list:
         """The SGD steps of one training batch; their stats."""
         return self.appo.train(experience, self.version, on_sgd_step=self._on_sgd_step,
-                               env_frames=self.env_steps * self.world.world_size)
+                               env_frames=self.env_steps * self.ranks_training)
 
     def trained(self, stats: list) -> None:
         self.env_steps += self.trajs_per_batch * self.frames_per_traj

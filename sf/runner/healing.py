@@ -56,6 +56,7 @@ from queue import Empty
 from typing import Callable
 
 import numpy as np
+import psutil
 
 from sf.processes.shared_state import ENV_STEPS, SLOT_FREE, learner_name, slot_held, slot_queued
 from sf.runner.supervision import kill_adopted
@@ -71,6 +72,21 @@ CENSUS_WAIT_SEC = 5.0
 def process_kind(name: str) -> str:
     """rollout_worker_3 -> rollout_worker, policy_worker_p1_0 -> policy_worker, learner_p2 / learner -> learner."""
     return re.sub(r"(_p\d+)?(_\d+)?$", "", name)
+
+
+def memory_mib(procs: dict) -> dict[str, float]:
+    """Resident memory in MiB of this process ("runner") and of `procs` (name -> process) summed by kind: rollout_workers,
+    policy_workers, learners (a single learner, named "learner": learner)."""
+    groups: dict[str, float] = {"runner": psutil.Process().memory_info().rss}
+    for name, p in procs.items():
+        try:
+            rss = psutil.Process(p.pid).memory_info().rss
+        except (psutil.Error, TypeError):
+            continue
+        kind = process_kind(name)  # rollout_worker_3, policy_worker_p1_0, learner_p2
+        key = kind + "s" if kind != name else name
+        groups[key] = groups.get(key, 0) + rss
+    return {k: v / 2**20 for k, v in groups.items()}
 
 
 def policy_worker_of(name: str) -> tuple[int, int]:

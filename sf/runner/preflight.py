@@ -93,7 +93,8 @@ def report_background_errors() -> None:
 
 def data_parallel_world(cfg: Config) -> tuple[Config, distributed.World]:
     """This process's rank when torchrun started it (sf/distributed.py: the learners of all ranks average their
-    gradients); one rank otherwise. Refuses what data-parallel runs do not support, gives the rank its share of the
+    gradients, or a population's policies are placed on the ranks); one rank otherwise. Refuses what runs under
+    torchrun do not support, gives the rank its share of the
     machine's cores (ranks of one machine split them) and, past rank 0, streams of its own for envs, actions and
     minibatches (the weights are rank 0's, broadcast at start). Returns (the rank's cfg, world)."""
     try:
@@ -102,17 +103,31 @@ def data_parallel_world(cfg: Config) -> tuple[Config, distributed.World]:
         raise ConfigError(f"torchrun's environment: {e}") from None
     if not world.distributed:
         return cfg, world
-    for refused, why in ((cfg.sync_mode != "async", f"--sync_mode {cfg.sync_mode}"),
-                         (cfg.num_policies > 1, f"--num_policies {cfg.num_policies}"), (cfg.serial_mode, "--serial_mode")):
+    for refused, why in ((cfg.sync_mode != "async", f"--sync_mode {cfg.sync_mode}"), (cfg.serial_mode, "--serial_mode")):
         if refused:
-            raise ConfigError(f"{why}: data-parallel runs (torchrun) support one policy trained asynchronously only")
+            raise ConfigError(f"{why}: runs under torchrun train asynchronously (--sync_mode async, no --serial_mode)")
+    population = cfg.num_policies > 1
+    if population and cfg.num_policies < world.world_size:
+        raise ConfigError(f"--num_policies {cfg.num_policies}: a population under torchrun places policy p on rank p "
+                          f"mod {world.world_size}; give at least one policy per rank ({world.world_size}) or start "
+                          "fewer ranks")
+    if population and cfg.with_pbt:
+        raise ConfigError("--with_pbt: population-based training across torchrun's ranks is not supported yet; run "
+                          "the population on one machine, or without --with_pbt")
     cores = sorted(os.sched_getaffinity(0))
     if world.local_world_size > 1 and len(cores) >= world.local_world_size:
         os.sched_setaffinity(0, cores[world.local_rank::world.local_world_size])  # inherited by every process started
     cfg = cfg.replace(seed=rank_seed(cfg.seed, world.rank))  # past rank 0, streams of its own (sf.seeding)
-    log.info("Data-parallel rank %d of %d (local rank %d of %d, cores %s), learners' group at %s:%d; --batch_size %d "
-             "per rank", world.rank, world.world_size, world.local_rank, world.local_world_size,
-             ",".join(map(str, sorted(os.sched_getaffinity(0)))), world.master_addr, world.master_port, cfg.batch_size)
+    shown = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    if population:
+        log.info("Rank %d of %d (local rank %d of %d, cores %s): policies %s of the population of %d (policy p on rank "
+                 "p mod %d); their checkpoints go to this rank's %s", world.rank, world.world_size, world.local_rank,
+                 world.local_world_size, shown, ", ".join(map(str, world.policies(cfg.num_policies))),
+                 cfg.num_policies, world.world_size, experiment_dir(cfg))
+    else:
+        log.info("Data-parallel rank %d of %d (local rank %d of %d, cores %s), learners' group at %s:%d; --batch_size "
+                 "%d per rank", world.rank, world.world_size, world.local_rank, world.local_world_size, shown,
+                 world.master_addr, world.master_port, cfg.batch_size)
     return cfg, world
 
 
@@ -248,10 +263,12 @@ def check_checkpoint(cfg, exp_dir: Path, meta: dict, world: distributed.World) -
                 resumed[p] = (int(state["policy_version"]), int(state["env_steps"]))
                 ranks = int(state.get("world_size", 1))
                 if ranks != world.world_size:
+                    how = ("by a run of {} rank(s) (policy p on rank p mod {})" if cfg.num_policies > 1 else
+                           "by {} data-parallel rank(s)").format(ranks, ranks)
                     raise CheckpointError(
-                        f"{state.get('path', exp_dir)} was trained by {ranks} data-parallel rank(s), this run "
-                        f"has {world.world_size}: resume with the same number (torchrun --nnodes x "
-                        f"--nproc-per-node = {ranks}), or start a new experiment")
+                        f"{state.get('path', exp_dir)} was trained {how}, this run has {world.world_size}: resume "
+                        f"with the same number (torchrun --nnodes x --nproc-per-node = {ranks}), or start a new "
+                        "experiment")
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     return resumed
@@ -260,7 +277,7 @@ def check_checkpoint(cfg, exp_dir: Path, meta: dict, world: distributed.World) -
 def already_trained(cfg, resumed: list[tuple[int, int]], world: distributed.World) -> bool:
     """A resumed experiment whose checkpoints reached --train_for_env_steps already (every policy's; with torchrun,
     all ranks' frames together, each rank having trained as many as rank 0's checkpoint records)."""
-    trained = world.world_size * min(steps for _, steps in resumed)
+    trained = (world.world_size if world.data_parallel(cfg.num_policies) else 1) * min(steps for _, steps in resumed)
     return cfg.restart_behavior == "resume" and trained >= cfg.train_for_env_steps
 
 
@@ -299,8 +316,9 @@ def telling_other_ranks(world: distributed.World, timeout_sec: float):
 
 
 def follow_rank0(cfg, world: distributed.World, resumed: list[tuple[int, int]], exp_dir: Path) -> int | None:
-    """Ranks > 0: None to train, else the exit code to end with: its own files show the budget reached (a shared
-    filesystem), or rank 0 stopped (its line is repeated here: 0 is logged, 2 raises ConfigError, others RunError)."""
+    """Ranks > 0: None to train (a population's: check_rank_directory first), else the exit code to end with: its own
+    files show the budget reached (a shared filesystem), or rank 0 stopped (its line is repeated here: 0 is logged, 2
+    raises ConfigError, others RunError)."""
     if already_trained(cfg, resumed, world):
         return nothing_to_train(cfg, resumed, world, exp_dir)
     try:
@@ -308,12 +326,26 @@ def follow_rank0(cfg, world: distributed.World, resumed: list[tuple[int, int]], 
     except RuntimeError as e:
         raise RunError(str(e)) from None
     if verdict is None:
+        check_rank_directory(cfg, world, exp_dir)
         return None
     code, line = verdict
     if code == 0:
         log.info("Done: rank 0: %s. Nothing was written on this rank.", line)
         return 0
     raise (ConfigError if code == 2 else RunError)(f"rank 0 did not start the run: {line}")
+
+
+def check_rank_directory(cfg, world: distributed.World, exp_dir: Path) -> None:
+    """Past rank 0, a population's new run (not --restart_behavior resume): this rank writes its policies' checkpoints
+    into its own experiment directory, which rank 0 moved aside or deleted only if the filesystem is shared. One left
+    from an earlier run would be resumed from later: refused in one line (called once rank 0 started the run)."""
+    if cfg.restart_behavior == "resume" or world.rank == 0 or world.data_parallel(cfg.num_policies):
+        return
+    old = [p for p in world.policies(cfg.num_policies) if any((exp_dir / f"checkpoint_p{p}").glob("checkpoint_*.pth"))]
+    if old:
+        raise ConfigError(f"--restart_behavior {cfg.restart_behavior}: {exp_dir} on rank {world.rank}'s machine holds "
+                          f"checkpoints of policies {', '.join(map(str, old))} from an earlier run (rank 0 moves or "
+                          "deletes only its own machine's directory): remove them there, or resume")
 
 
 def remove_leftovers() -> None:

@@ -43,7 +43,7 @@ from sf.processes.fds import MAX_FDS_SENT, fds_sent
 from sf.processes.shared_state import FINISHED, VERSION, SharedState, learner_name, policy_worker_name
 from sf.runner import tracking
 from sf.runner.experiment_lock import ExperimentLock, run_holding
-from sf.runner.healing import Healer, audit_slots, exit_cause, process_kind
+from sf.runner.healing import Healer, audit_slots, exit_cause, memory_mib, process_kind
 from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams
 from sf.runner.preflight import (already_trained, check_checkpoint, check_memory, data_parallel_world, follow_rank0,
                                  nothing_to_train, prepare_experiment_dir, probe_env, remove_leftovers,
@@ -79,7 +79,7 @@ def run_training(cfg) -> int:
     cfg, world = data_parallel_world(cfg)
     tracking.check(cfg)  # --with_wandb: wandb imports
     remove_leftovers()  # what killed runs left in /dev/shm (before the runner's memory check)
-    if world.rank > 0:  # the experiment directory is rank 0's: this rank logs to the console only
+    if world.rank > 0:  # the experiment directory is rank 0's (a population: this rank's checkpoints; no log file)
         runner = Runner(cfg, world)
         logging.getLogger().removeHandler(early)
         code = follow_rank0(cfg, world, runner.resumed, runner.exp_dir)  # (its own files, else rank 0's verdict)
@@ -120,7 +120,9 @@ class Runner:
         self.spec = env_spec(cfg.env, cfg)
         self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
         self.num_policies = cfg.num_policies
-        self.policies = list(range(self.num_policies))  # the policies that play: their policy workers run
+        # the policies that play here (learners, policy workers): all, or this rank's (torchrun: p on rank p mod size)
+        self.policies = self.world.policies(self.num_policies)
+        self.data_parallel = self.world.data_parallel(self.num_policies)
         self.lock = None  # the experiment's lock (rank 0; run_training takes it): its learners hold it too
         self._check_policies(env_bytes)
 
@@ -164,7 +166,9 @@ class Runner:
         hyper = self._build_shared()
         self.stats = RunStats(self.exp_dir, self.cfg.stats_avg, self.spec.frameskip, sync_mode=self.cfg.sync_mode,
                               num_policies=self.num_policies, resumed=self.resumed)
-        self.stats.enabled = self.world.rank == 0  # rank 0 writes TensorBoard
+        self.stats.enabled = self.world.rank == 0 or not self.data_parallel  # data-parallel: rank 0 writes TensorBoard
+        if self.world.distributed and not self.data_parallel:  # each rank its policies' (a shared directory: no clash)
+            self.stats.shown, self.stats.file_suffix = self.policies, f".rank{self.world.rank}"
         self.world_report = (time.time(), 0.0)  # data-parallel: (time, collected frames of all ranks) at the last report
         if self.population:
             self.population.record(self.stats, hyper)
@@ -226,10 +230,11 @@ class Runner:
                      playing, cfg.policy_mapping,
                      f" (new draw every {cfg.policy_resample_episodes} episodes of an env)"
                      if cfg.policy_mapping != "fixed" and P > 1 else "")
-        if P > playing:  # (--policy_mapping fixed is refused in preflight then)
+        here = len(self.policies)  # (a population under torchrun: this rank's; its agents play only them)
+        if here > playing:  # (--policy_mapping fixed is refused in preflight then)
             log.warning("Population: %d policies but %d agent(s) play at once: the others wait for a draw (each rollout "
                         "worker draws every policy once per %d draws, a draw every %d episodes of an env), and the run "
-                        "ends when every policy has trained --train_for_env_steps", P, playing, P,
+                        "ends when every policy has trained --train_for_env_steps", here, playing, here,
                         cfg.policy_resample_episodes)
         mode = MODE_LINES[cfg.sync_mode].format(batch=self.shape.samples_per_batch,
                                                 steps=sync_minibatches(cfg) * cfg.num_epochs)
@@ -268,7 +273,7 @@ class Runner:
             self._start_rollout_worker(w)
 
     def _start_learners(self) -> None:
-        for p in range(self.num_policies):
+        for p in self.policies:
             self._start_learner(p)
 
     def _start_learner(self, p: int, replacement: bool = False) -> str:
@@ -363,7 +368,7 @@ class Runner:
         versions = [max(p.version, int(self.state.learner[i, VERSION])) for i, p in enumerate(self.stats.policies)]
         wall = time.time() - start
         rate = (frames - self.stats.start_frames) / max(wall, 1e-9)
-        if self.world.distributed:
+        if self.data_parallel:
             log.info("Done (rank %d of %d): %d env frames in %s (%.0f frames/s), policy version %d; all ranks: %d env "
                      "frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall), rate,
                      versions[0], max(self.trained_frames(), self.world.world_size * frames),
@@ -373,11 +378,13 @@ class Runner:
             log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. Checkpoints: %s; TensorBoard: "
                      "tensorboard --logdir %s", frames, format_duration(wall), rate, versions[0],
                      self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
-        else:
-            log.info("Done: %d env frames (all policies) in %s (%.0f frames/s), policy versions %s. Checkpoints: %s; "
-                     "TensorBoard: tensorboard --logdir %s", frames, format_duration(wall), rate,
-                     ", ".join(map(str, versions)),
-                     self.exp_dir / "checkpoint_p*", self.exp_dir.parent)
+        else:  # (a population under torchrun: this rank's policies, in its own experiment directory)
+            here = (f"rank {self.world.rank} of {self.world.world_size}: policies {', '.join(map(str, self.policies))}"
+                    if self.world.distributed else "all policies")
+            log.info("Done: %d env frames (%s) in %s (%.0f frames/s), policy versions %s. Checkpoints: %s; "
+                     "TensorBoard: tensorboard --logdir %s", frames, here, format_duration(wall), rate,
+                     ", ".join(str(versions[p]) for p in self.policies), self.exp_dir / "checkpoint_p*",
+                     self.exp_dir.parent)
 
     # --- supervise ---
     def supervise(self, start: float) -> None:
@@ -395,7 +402,7 @@ class Runner:
         """The runner's periodic work once the reports are read, in the parallel loop and in serial mode alike: frames,
         the population's step, the report line (every --report_interval_sec) and TensorBoard's summaries (every
         --experiment_summaries_interval; last_report and last_summary: when they were last written)."""
-        if not self.learner_ready and all(w.version >= 0 for w in self.weights):
+        if not self.learner_ready and all(self.weights[p].version >= 0 for p in self.policies):
             self.learner_ready = True  # frames count from where the checkpoint left them (no jump in the FPS)
             self.stats.start_frames = sum(self.state.policy_env_steps())
         if self.learner_ready:
@@ -413,10 +420,12 @@ class Runner:
 
     def trained_frames(self) -> int:
         """Env frames every policy has trained on (the least of them: the frame budget holds for each policy); in a
-        data-parallel run, all ranks together (the budget is the run's)."""
-        if self.world.distributed:
+        data-parallel run, all ranks together (the budget is the run's); a population under torchrun: this rank's
+        policies."""
+        if self.data_parallel:
             return int(self.state.world_frames[0])
-        return min(self.state.policy_env_steps())
+        trained = self.state.policy_env_steps()
+        return min(trained[p] for p in self.policies)
 
     def budget_reached(self, start: float) -> bool:
         return self.trained_frames() >= self.cfg.train_for_env_steps or time.time() - start >= self.cfg.train_for_seconds
@@ -432,7 +441,7 @@ class Runner:
                     continue
                 # (a data-parallel learner is not replaced: a new one could not join the ranks' group)
                 if self.healing and self.learner_ready and not self.state.stopping() and not (
-                        self.world.distributed and process_kind(name) == "learner"):
+                        self.data_parallel and process_kind(name) == "learner"):
                     self._replace(name, p)
                     continue
                 log.error("%s %s; stopping the run", name, self.causes.pop(name, None) or
@@ -479,16 +488,7 @@ class Runner:
         self.state.request_stop()
 
     def _update_memory(self) -> None:
-        groups: dict[str, float] = {"runner": psutil.Process().memory_info().rss}
-        for name, p in self.procs.items():
-            try:
-                rss = psutil.Process(p.pid).memory_info().rss
-            except (psutil.Error, TypeError):
-                continue
-            kind = process_kind(name)  # rollout_worker_3, policy_worker_p1_0, learner_p2
-            key = kind + "s" if kind != name else name  # -> rollout_workers, policy_workers, learners; learner
-            groups[key] = groups.get(key, 0) + rss
-        self.stats.memory = {k: v / 2**20 for k, v in groups.items()}
+        self.stats.memory = memory_mib(self.procs)
 
     def _update_frames(self) -> None:
         self.stats.add_frames(int(self.state.worker_frames.sum()))
@@ -499,7 +499,7 @@ class Runner:
         log.info("%s%s", self.stats.report_line(), progress_bar(self.trained_frames() - first,
                                                                 self.cfg.train_for_env_steps - first,
                                                                 time.time() - start, self.cfg.train_for_seconds))
-        if self.world.distributed and self.world.rank == 0:
+        if self.data_parallel and self.world.rank == 0:
             now, collected = time.time(), float(self.state.world_frames[1])
             then, before = self.world_report
             log.info("All %d ranks: %d env frames collected (%.1f frames/s), %d trained", self.world.world_size,

@@ -107,6 +107,8 @@ class RunStats:
         self.exp_dir = exp_dir
         self.tracker = None  # a tracking.WandbTracker (--with_wandb): receives what goes to TensorBoard
         self.enabled = True  # False: nothing written (data-parallel ranks other than 0)
+        self.shown = list(range(len(self.policies)))  # the policies this process reports (torchrun: its rank's)
+        self.file_suffix = ""  # of the event file (ranks writing into one shared directory: each its own)
 
     # one policy's figures under the names a one-policy run always had
     @property
@@ -127,7 +129,8 @@ class RunStats:
             # tensorboardX's writer thread fsyncs the event file every flush; on a loaded VM one fsync has taken 26 s,
             # and with the default queue of 10 events the runner's add_scalar then waits for it: supervision,
             # reports and Ctrl-C handling stalled with it. A queue that never fills keeps the runner free of disk I/O.
-            self._writer = SummaryWriter(str(self.exp_dir), flush_secs=5, max_queue=100_000)
+            self._writer = SummaryWriter(str(self.exp_dir), flush_secs=5, max_queue=100_000,
+                                         filename_suffix=self.file_suffix)
         return self._writer
 
     # --- inputs ---
@@ -167,10 +170,12 @@ class RunStats:
             p = self.policies[0]
             return (f"Fps is ({fps}). Total num frames: {self.total_frames}. Policy version: {p.version}. "
                     f"{self._lag_text(p)}. {self._episodes_text(p)}")
-        idle = [str(i) for i, p in enumerate(self.policies) if p.learner_env_steps == 0 and p.num_episodes == 0]
+        shown = [(i, self.policies[i]) for i in self.shown]
+        idle = [str(i) for i, p in shown if p.learner_env_steps == 0 and p.num_episodes == 0]
         idle_text = f" (no experience yet: {', '.join(idle)})" if idle else ""
-        lines = [f"Fps is ({fps}). Total num frames: {self.total_frames}. {len(self.policies)} policies{idle_text}:"]
-        for i, p in enumerate(self.policies):
+        of = f" of {len(self.policies)}" if len(shown) < len(self.policies) else ""
+        lines = [f"Fps is ({fps}). Total num frames: {self.total_frames}. {len(shown)} policies{of}{idle_text}:"]
+        for i, p in shown:
             lines.append(f"  policy {i}: version {p.version}, {p.learner_env_steps} frames trained. {self._lag_text(p)}. "
                          f"{self._episodes_text(p)}")
         return "\n".join(lines)
@@ -202,7 +207,8 @@ class RunStats:
             scalars[f"perf/fps_{win}s"] = self.fps(win)
         prefix = (lambda i: "") if len(self.policies) == 1 else (lambda i: f"p{i}/")  # noqa: E731
         lag_batches = {}
-        for i, p in enumerate(self.policies):
+        for i in self.shown:
+            p = self.policies[i]
             scalars.update({prefix(i) + tag: v for tag, v in p.scalars().items()})
             lag_batches[prefix(i) + "train/policy_lag_batches"] = p.lag_batches_unwritten
             p.lag_batches_unwritten = []

@@ -85,7 +85,7 @@ class StallWatchdog:
         # a process still starting gets longer, unless it is stopped: no start-up is that slow
         limit = timeout if self.state.has_started(name) or silence.stopped else max(timeout, STARTUP_STALL_SEC)
         allowed = "starting"
-        if self.world.distributed and process_kind(name) == "learner" and not silence.stopped:
+        if self.world.data_parallel(self.cfg.num_policies) and process_kind(name) == "learner" and not silence.stopped:
             waits = 1 if self.state.has_started(name) else 2
             peers = self.cfg.distributed_timeout_sec * waits + PEER_WAIT_GRACE_SEC
             if peers > limit:

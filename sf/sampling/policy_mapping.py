@@ -25,11 +25,16 @@ requests and finished trajectories by the answer. Modes (--policy_mapping):
 - fixed: agent a of global env g is controlled by policy (g * num_agents + a) % num_policies, forever: every policy
   gets the same share of the agents, deterministically (evaluation, throughput benchmarks, seeded runs).
 
+A population placed on several ranks (torchrun, sf/distributed.py): each rank's mapping draws from its own policies
+only (`policies`), by the same rules over that smaller population, so a match never mixes policies of two ranks.
+
 A change of policy happens only at an agent's own episode start, so an episode is played by one policy. Episodes do not
 line up with trajectories: the rollout worker keeps a trajectory slot with the policy that started it and the learner
 masks the steps another policy acted (see rollout_worker.py).
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 
@@ -41,13 +46,17 @@ MODES = ("random", "groups", "fixed")
 class PolicyMapping:
     def __init__(self, num_policies: int, num_agents: int, mode: str = "random", resample_episodes: int = 10,
                  mix_in_one_env: bool = True, first_global_env: int = 0, seed: int | None = None,
-                 envs_per_group: int = 1, shared_seed: int = 0):
+                 envs_per_group: int = 1, shared_seed: int = 0, policies: Sequence[int] | None = None):
         """first_global_env: global index of this worker's env 0 (fixed, groups); seed: of this worker's random draws
         (random); envs_per_group: envs of one inference group (groups); shared_seed: the run's seed, the same in every
-        worker: draw r's permutation comes from its stream POLICY_GROUPS r (groups)."""
+        worker: draw r's permutation comes from its stream POLICY_GROUPS r (groups); policies: those this worker's
+        agents may play (default: all num_policies), the rules applied to them as the population."""
         if mode not in MODES:
             raise ValueError(f"policy mapping mode must be one of {', '.join(map(repr, MODES))} (got {mode!r})")
-        self.num_policies, self.num_agents, self.mode = num_policies, num_agents, mode
+        self.policies = list(range(num_policies) if policies is None else policies)
+        if not self.policies or not all(0 <= p < num_policies for p in self.policies):
+            raise ValueError(f"policies {self.policies} must be a non-empty subset of 0..{num_policies - 1}")
+        self.num_policies, self.num_agents, self.mode = len(self.policies), num_agents, mode
         self.resample_episodes, self.mix = max(1, int(resample_episodes)), mix_in_one_env
         self.first_global_env = first_global_env
         self.rng = np.random.default_rng(seed)
@@ -59,6 +68,10 @@ class PolicyMapping:
 
     def policy_for(self, env: int, agent: int) -> int:
         """The policy that plays agent `agent` of env `env` (this worker's index) in the episode starting now."""
+        return self.policies[self._index(env, agent)]
+
+    def _index(self, env: int, agent: int) -> int:
+        """The answer of policy_for as an index into self.policies."""
         if self.num_policies == 1:
             return 0
         if self.mode == "fixed":

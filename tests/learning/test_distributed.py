@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import time
 import traceback
@@ -516,3 +517,51 @@ def test_broadcast_object_sends_rank_0s_state_to_every_rank(tmp_path):
         assert torch.equal(got[0]["w"], torch.arange(5, dtype=torch.float64)) and got[0]["w"].dtype == torch.float64
         assert got[0]["n"].tolist() == [2**40] and got[0]["nested"] == {"name": "rank 0", "none": None}
         assert got[1] is None
+
+
+def test_a_population_is_placed_policy_p_on_rank_p_mod_world_size_and_one_policy_is_data_parallel():
+    from sf.distributed import World
+    assert [World(rank=r, world_size=3).policies(7) for r in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert World(rank=1, world_size=2).policies(1) == [0] and World().policies(4) == [0, 1, 2, 3]
+    assert World(rank=1, world_size=2).data_parallel(1) and not World(rank=1, world_size=2).data_parallel(4)
+    assert not World().data_parallel(1)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--num_policies", "3"], "--num_policies 3: a population under torchrun places policy p on rank p mod 4; give at "
+                              "least one policy per rank (4)"),
+    (["--num_policies", "4", "--with_pbt", "True"], "--with_pbt: population-based training across torchrun's ranks"),
+    (["--sync_mode", "hts"], "--sync_mode hts: runs under torchrun train asynchronously"),
+])
+def test_what_torchrun_runs_cannot_place_is_one_line(tmp_path, monkeypatch, flags, needle):
+    from sf.cfg import ConfigError, parse_cfg
+    from sf.runner.preflight import data_parallel_world
+    for k, v in dict(RANK="1", WORLD_SIZE="4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1").items():
+        monkeypatch.setenv(k, v)
+    cfg = parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path), *flags])
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        data_parallel_world(cfg)
+    cfg = parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path), "--num_policies", "6"])
+    assert data_parallel_world(cfg)[1].policies(6) == [1, 5]
+
+
+def test_a_new_population_run_past_rank_0_refuses_its_machines_old_checkpoints(tmp_path):
+    """Rank 1 of 2, policies 1 and 3: rank 0 moves or deletes only its own machine's experiment directory, so a new run
+    (--restart_behavior restart or overwrite) that finds an earlier run's checkpoint of policy 3 on this machine is
+    refused in one line naming it; resumed, it is this rank's to resume from; rank 0 and data-parallel ranks: no check."""
+    from sf.cfg import ConfigError, parse_cfg
+    from sf.distributed import World
+    from sf.runner.preflight import check_rank_directory
+    exp = tmp_path / "pop"
+    (exp / "checkpoint_p3").mkdir(parents=True)
+    (exp / "checkpoint_p3" / "checkpoint_000000004_512.pth").write_bytes(b"x")
+    (exp / "checkpoint_p0").mkdir()
+    (exp / "checkpoint_p0" / "checkpoint_000000004_512.pth").write_bytes(b"x")  # (rank 0's policy: not this rank's)
+    cfg = lambda *flags: parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path), "--experiment", "pop",  # noqa: E731
+                                    "--num_policies", "4", *flags])
+    with pytest.raises(ConfigError, match=re.escape(f"--restart_behavior restart: {exp} on rank 1's machine holds "
+                                                    "checkpoints of policies 3 from an earlier run")):
+        check_rank_directory(cfg("--restart_behavior", "restart"), World(rank=1, world_size=2), exp)
+    check_rank_directory(cfg("--restart_behavior", "resume"), World(rank=1, world_size=2), exp)
+    check_rank_directory(cfg("--restart_behavior", "overwrite"), World(rank=0, world_size=2), exp)
+    check_rank_directory(cfg("--restart_behavior", "overwrite", "--num_policies", "1"), World(rank=1, world_size=2), exp)

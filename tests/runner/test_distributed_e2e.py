@@ -179,3 +179,38 @@ def test_a_learner_waiting_for_a_slow_peer_is_not_a_stall(tmp_path):
     assert "gave no sign of life" not in text, text[-4000:]
     final = digests(text)
     assert set(final) == {0, 1} and final[0] == final[1], text[-3000:]
+
+
+def test_a_population_is_placed_on_the_ranks_and_resumes(tmp_path):
+    """--num_policies 4 on 2 ranks (one machine, one train dir): policies 0 and 2 train on rank 0, 1 and 3 on rank 1,
+    each to the budget (it holds for every policy, as on one machine); each rank writes its policies' checkpoints and
+    its own event file with their series; a resume restores every policy on its rank; another number of ranks is
+    refused in one line."""
+    from sf.runner.stats import read_event_scalars
+    log = tmp_path / "log.txt"
+    population = ["--num_policies", "4", "--train_for_env_steps", "1200"]
+    text = run_to_the_end(args(tmp_path, "test_corridor", *population), log)
+    for rank, mine in ((0, "0, 2"), (1, "1, 3")):
+        assert f"[rank {rank}][INFO] Rank {rank} of 2 (local rank {rank} of 2, cores" in text, text[-3000:]
+        assert f"policies {mine} of the population of 4 (policy p on rank p mod 2)" in text
+        assert re.search(rf"\[rank {rank}\]\[INFO\] Done: \d+ env frames \(rank {rank} of 2: policies {mine}\)", text)
+    saved = set(re.findall(r"\[rank (\d)\]\[INFO\] Saved final checkpoint \S+/checkpoint_p(\d)/", text))
+    assert saved == {("0", "0"), ("0", "2"), ("1", "1"), ("1", "3")}, text[-3000:]
+    exp = tmp_path / "ddp"
+    for p in range(4):
+        newest = max((exp / f"checkpoint_p{p}").glob("checkpoint_*.pth")).stem
+        assert int(newest.split("_")[2]) >= 1200, newest  # (checkpoint_<version>_<frames>)
+    events = sorted(exp.glob("events.out.tfevents.*"))
+    assert [e.name.endswith(f".rank{r}") for r, e in enumerate(events)] == [True, True], events
+    assert "All 2 ranks" not in text  # (no learners' group: nothing is summed across ranks)
+    series = read_event_scalars(exp)
+    assert {t.split("/")[0] for t in series if re.match(r"p\d/", t)} == {"p0", "p1", "p2", "p3"}
+
+    text = run_to_the_end(args(tmp_path, "test_corridor", "--num_policies", "4", "--train_for_env_steps", "2400"), log)
+    resumed = set(re.findall(r"\[rank (\d)\]\[INFO\] Resumed policy (\d) from checkpoint", text))
+    assert resumed == {("0", "0"), ("0", "2"), ("1", "1"), ("1", "3")}, text[-3000:]
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), *args(tmp_path, "test_corridor", "--num_policies",
+                                                                         "4", "--train_for_env_steps", "3600")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "was trained by a run of 2 rank(s) (policy p on rank p mod 2), this run has 1" in res.stderr

@@ -88,6 +88,30 @@ def test_two_hosts_train_and_resume_without_a_shared_filesystem(tmp_path):
         wait_for(lambda: h0.pids() == [] and h1.pids() == [], 20, "nothing left running on either host")
 
 
+def test_a_population_of_4_trains_over_two_hosts_and_each_host_resumes_its_policies(tmp_path):
+    """--num_policies 4 over the two hosts (issue 42, item 2): policies 0 and 2 live on host 0, 1 and 3 on host 1, each
+    host writes its policies' checkpoints and its own event file into its own train dir (no shared filesystem), and a
+    resume on both hosts restores every policy from its host's files."""
+    dirs = [tmp_path / "host0", tmp_path / "host1"]
+    logs = [tmp_path / "host0.log", tmp_path / "host1.log"]
+    mine = {0: ["0", "2"], 1: ["1", "3"]}
+    with TwoHosts() as (h0, h1):
+        texts = run_both(h0, h1, dirs, logs, "--num_policies", "4", "--train_for_env_steps", "1500")
+        for rank in (0, 1):
+            checkpoints = sorted(p.parent.name for p in (dirs[rank] / "ddp").glob("checkpoint_p*/checkpoint_*.pth"))
+            assert sorted(set(checkpoints)) == [f"checkpoint_p{p}" for p in mine[rank]], files(dirs[rank])
+            assert len(list((dirs[rank] / "ddp").glob(f"events.out.tfevents.*.rank{rank}"))) == 1
+            saved = re.findall(rf"\[rank {rank}\]\[INFO\] Saved final checkpoint \S+/checkpoint_p(\d)/", texts[rank])
+            assert sorted(saved) == mine[rank], texts[rank][-3000:]
+        assert not list((dirs[1] / "ddp").glob("config.json"))  # (rank 0's files: config.json, the log)
+
+        texts = run_both(h0, h1, dirs, logs, "--num_policies", "4", "--train_for_env_steps", "3000")
+        for rank in (0, 1):
+            resumed = re.findall(rf"\[rank {rank}\]\[INFO\] Resumed policy (\d) from checkpoint", texts[rank])
+            assert sorted(resumed) == mine[rank], texts[rank][-3000:]
+        wait_for(lambda: h0.pids() == [] and h1.pids() == [], 20, "nothing left running on either host")
+
+
 TIMEOUT = 20  # --distributed_timeout_sec of the link test
 MARGIN = 30  # seconds past it: the final checkpoint, stopping the processes, torchrun's own exit
 

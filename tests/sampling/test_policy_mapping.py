@@ -127,3 +127,16 @@ def test_random_draws_cover_the_population_before_repeating(agents, mix):
     assert all(sorted(d) == list(range(n)) for d in decks), decks[:3]
     assert len({tuple(d) for d in decks}) > 1
 
+
+
+@pytest.mark.parametrize("mode", ["random", "groups", "fixed"])
+def test_a_ranks_mapping_plays_only_its_policies_by_the_rules_of_the_smaller_population(mode):
+    """A population of 5 placed on 2 ranks (torchrun: policy p on rank p mod 2): rank 1's workers draw from policies 1
+    and 3 alone, every agent of every env, and exactly as a population of 2 would, with its indices mapped onto them."""
+    kw = dict(resample_episodes=1, first_global_env=3, seed=9, envs_per_group=2, shared_seed=4)
+    placed, plain = PolicyMapping(5, 2, mode, policies=[1, 3], **kw), PolicyMapping(2, 2, mode, **kw)
+    got = [(placed.policy_for(e % 6, a), plain.policy_for(e % 6, a)) for e in range(300) for a in range(2)]
+    assert {g for g, _ in got} == {1, 3}
+    assert all(g == [1, 3][i] for g, i in got)
+    with pytest.raises(ValueError, match="non-empty subset of 0..4"):
+        PolicyMapping(5, 2, mode, policies=[1, 5])
