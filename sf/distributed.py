@@ -448,8 +448,9 @@ START_KEY = "sf/start/{restart}"  # one per torchrun restart (a restarted world 
 TRAIN = "train"
 
 
-def _start_store(world: World, timeout_sec: float):
-    """A client of torchrun's store, or None (one rank, or a launcher without torchrun's agent store)."""
+def agent_store(world: World, timeout_sec: float):
+    """A client of torchrun's store (the start verdict below; a population's PBT: sf/runner/population_link.py), or None
+    (one rank, or a launcher without torchrun's agent store)."""
     if not world.distributed or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     return dist.TCPStore(world.master_addr, world.master_port, is_master=False,
@@ -473,7 +474,7 @@ def publish_start(world: World, code: Optional[int] = None, line: str = "", time
         return
     _start_said = True
     try:
-        store = _start_store(world, min(timeout_sec, 10.0))
+        store = agent_store(world, min(timeout_sec, 10.0))
         if store is not None:
             store.set(_start_key(), TRAIN if code is None else f"{code} {line}")
     except (RuntimeError, OSError):  # (DistStoreError, DistNetworkError: RuntimeErrors)
@@ -483,7 +484,7 @@ def publish_start(world: World, code: Optional[int] = None, line: str = "", time
 def await_start(world: World, timeout_sec: float) -> Optional[tuple[int, str]]:
     """Ranks > 0: None when rank 0 starts the run (or there is no store to ask), else (exit code, rank 0's line).
     RuntimeError (one line) when rank 0 says nothing within `timeout_sec`."""
-    store = _start_store(world, timeout_sec)
+    store = agent_store(world, timeout_sec)
     if store is None:
         return None
     try:

@@ -19,6 +19,15 @@ from sf.learning.phase_timing import LAPS
 from sf.processes.control import runner_alive
 from sf.seeding import deterministic_kernels
 
+# the console's and TensorBoard's line for each mode (the runner formats it with the run's batch and SGD steps)
+MODE_LINES = {
+    "async": "async (asynchronous APPO: policy lag varies, samples older than --max_policy_lag are masked)",
+    "hts": "hts (HTS-RL batch-synchronous: training batches of {batch} samples, one rollout of every env, "
+           "{steps} SGD steps each; policy lag exactly 1 batch after the first; same seed and config => same weights)",
+    "ppo": "ppo (synchronous PPO: collect {batch} samples, one rollout of every env, then {steps} SGD steps; "
+           "policy lag 0 batches; same seed and config => same weights)",
+}
+
 
 class AsyncSchedule:
     """--sync_mode async: batches of trajectories as they come, weights published after every SGD step."""

@@ -67,6 +67,21 @@ def request_copy(state, policy: int, source: int) -> None:
     state.copy_requests[policy, COPIES_REQUESTED] += 1
 
 
+def apply_decisions(state, stats, hyper: list[dict], copies: list[tuple[int, int]]) -> None:
+    """PBT's decisions in force: every policy's hyperparameters to SharedState first (the learner applies them with the
+    copy, before the same batch), then each copy (policy, source) asked of the policy's learner; recorded in `stats`
+    (the p{i}/pbt/ scalars)."""
+    fill_shared(state, hyper)
+    for p, source in copies:
+        request_copy(state, p, source)
+    record(stats, hyper)
+
+
+def record(stats, hyper: list[dict]) -> None:
+    for p, h in enumerate(hyper):
+        stats.policies[p].hyperparams = dict(h)
+
+
 class PopulationControl:
     def __init__(self, cfg, exp_dir: Path, shaping: dict[str, float]):
         """Builds the PBT state: a resumed run's from pbt_state.json, else a fresh one. A state that does not fit this
@@ -102,44 +117,52 @@ class PopulationControl:
     def hyperparams(self) -> list[dict]:
         return [self.pbt.hyperparams(p) for p in range(self.cfg.num_policies)]
 
-    def objectives(self, stats) -> list[float]:
+    @staticmethod
+    def figures(state, stats, policies) -> dict[int, dict]:
+        """What PBT decides on, for each of `policies`: {"frames": env frames its learner trained, "means": {episode
+        key: its average over --stats_avg episodes}} (JSON-ready: a population across ranks sends it as it is)."""
+        return {p: {"frames": int(state.learner[p, ENV_STEPS]),
+                    "means": {k: stats.policies[p].mean(k) for k in stats.policies[p].episodes}} for p in policies}
+
+    def objectives(self, figures: dict[int, dict]) -> list[float]:
         """Each policy's objective (NaN: no episode yet). true_objective is fixed by the first episodes seen."""
         if self.objective_key is None:
-            seen = set().union(*(p.episodes for p in stats.policies))
+            seen = set().union(*(f["means"] for f in figures.values()))
             if not seen:
-                return [math.nan] * len(stats.policies)
+                return [math.nan] * self.cfg.num_policies
             self.objective_key = "win" if "win" in seen else "score" if "score" in seen else "reward"
             log.info("PBT ranks the policies by their average %s (--pbt_target_objective true_objective)",
                      self.objective_key)
-        return [p.mean(self.objective_key) for p in stats.policies]
+        return [figures[p]["means"].get(self.objective_key, math.nan) for p in range(self.cfg.num_policies)]
 
     def step(self, state, stats) -> None:
-        """Decide for every policy whose learner crossed a boundary; apply, log and record the decisions."""
+        """One machine: decide on this process's figures and apply the decisions here."""
+        decided = self.decide(self.figures(state, stats, range(self.cfg.num_policies)), stats)
+        if decided is not None:
+            apply_decisions(state, stats, *decided)
+
+    def decide(self, figures: dict[int, dict], stats) -> tuple[list[dict], list[tuple[int, int]]] | None:
+        """Decide for every policy whose learner crossed a boundary (`figures`: every policy's); log and record the
+        decisions (console, TensorBoard text, pbt_state.json). Returns every policy's hyperparameters and the copies
+        [(policy, source)] to apply, or None when nothing was decided."""
         objectives = None
         decided = False
         copies = []
         for p in range(self.cfg.num_policies):
-            env_steps = int(state.learner[p, ENV_STEPS])
+            env_steps = figures[p]["frames"]
             if env_steps < max(self.pbt.next_update[p], self.cfg.pbt_start_mutation):
                 continue
-            objectives = objectives if objectives is not None else self.objectives(stats)
+            objectives = objectives if objectives is not None else self.objectives(figures)
             for d in self.pbt.update(p, env_steps, objectives):
                 decided = True
                 log.info("%s", d.line())
                 stats.texts.append(("pbt/decisions", d.line()))
                 if d.kind == "replace":
                     copies.append((d.policy, d.source))
-        if decided:
-            hyper = self.hyperparams()
-            fill_shared(state, hyper)  # first: the learner applies them with the copy, before the same batch
-            for p, source in copies:
-                request_copy(state, p, source)
-            self.record(stats, hyper)
-            self.save()
-
-    def record(self, stats, hyper: list[dict]) -> None:
-        for p, h in enumerate(hyper):
-            stats.policies[p].hyperparams = dict(h)
+        if not decided:
+            return None
+        self.save()
+        return self.hyperparams(), copies
 
     def save(self) -> None:
         """pbt_state.json, atomically (a crash leaves the previous state or the new one, never half of one)."""

@@ -111,9 +111,10 @@ def data_parallel_world(cfg: Config) -> tuple[Config, distributed.World]:
         raise ConfigError(f"--num_policies {cfg.num_policies}: a population under torchrun places policy p on rank p "
                           f"mod {world.world_size}; give at least one policy per rank ({world.world_size}) or start "
                           "fewer ranks")
-    if population and cfg.with_pbt:
-        raise ConfigError("--with_pbt: population-based training across torchrun's ranks is not supported yet; run "
-                          "the population on one machine, or without --with_pbt")
+    if population and cfg.with_pbt and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise ConfigError("--with_pbt: population-based training across ranks talks through torchrun's store "
+                          "(TORCHELASTIC_USE_AGENT_STORE=True, which torchrun sets); launch with torchrun, or run "
+                          "without --with_pbt")
     cores = sorted(os.sched_getaffinity(0))
     if world.local_world_size > 1 and len(cores) >= world.local_world_size:
         os.sched_setaffinity(0, cores[world.local_rank::world.local_world_size])  # inherited by every process started

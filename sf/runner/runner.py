@@ -35,6 +35,7 @@ from sf.buffers.trajectory_buffers import TrajectoryBuffers
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
 from sf.cfg.shape import RunShape
 from sf.learning.appo import exploration_loss_problem
+from sf.learning.batch_schedule import MODE_LINES
 from sf.learning.learner import checkpoint_meta, run_learner
 from sf.model.action_spaces import check_action_mask
 from sf.model.actor_critic import create_actor_critic
@@ -44,7 +45,8 @@ from sf.processes.shared_state import FINISHED, VERSION, SharedState, learner_na
 from sf.runner import tracking
 from sf.runner.experiment_lock import ExperimentLock, run_holding
 from sf.runner.healing import Healer, audit_slots, exit_cause, memory_mib, process_kind
-from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams
+from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams, record
+from sf.runner.population_link import PopulationLink
 from sf.runner.preflight import (already_trained, check_checkpoint, check_memory, data_parallel_world, follow_rank0,
                                  nothing_to_train, prepare_experiment_dir, probe_env, remove_leftovers,
                                  report_background_errors, setup_logging, telling_other_ranks)
@@ -59,13 +61,6 @@ from sf.sampling.rollout_worker import run_rollout_worker
 from sf_envs.registry import env_spec, process_leftover_files
 
 log = logging.getLogger("sf")
-MODE_LINES = {
-    "async": "async (asynchronous APPO: policy lag varies, samples older than --max_policy_lag are masked)",
-    "hts": "hts (HTS-RL batch-synchronous: training batches of {batch} samples, one rollout of every env, "
-           "{steps} SGD steps each; policy lag exactly 1 batch after the first; same seed and config => same weights)",
-    "ppo": "ppo (synchronous PPO: collect {batch} samples, one rollout of every env, then {steps} SGD steps; "
-           "policy lag 0 batches; same seed and config => same weights)",
-}
 STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are killed after it (budget: 10 s)
 
 
@@ -148,8 +143,9 @@ class Runner:
         # each policy's checkpoint: (version, frames)
         self.resumed: list[tuple[int, int]] = check_checkpoint(cfg, self.exp_dir, self.meta, self.world)
         # PBT's state: a resumed run's pbt_state.json is read (and checked) here, written only once the run started
+        # (under torchrun rank 0's decides for every rank's policies: sf/runner/population_link.py)
         self.population = (PopulationControl(cfg, self.exp_dir, self.shaping)
-                           if cfg.with_pbt and self.num_policies > 1 else None)
+                           if cfg.with_pbt and self.num_policies > 1 and self.world.rank == 0 else None)
 
     def _check_memory(self, model, env_bytes: int, *gpu) -> None:
         """buffer_bytes (the shape's slots, `model`'s recurrent state); a run that does not fit in this machine's memory
@@ -170,8 +166,8 @@ class Runner:
         if self.world.distributed and not self.data_parallel:  # each rank its policies' (a shared directory: no clash)
             self.stats.shown, self.stats.file_suffix = self.policies, f".rank{self.world.rank}"
         self.world_report = (time.time(), 0.0)  # data-parallel: (time, collected frames of all ranks) at the last report
-        if self.population:
-            self.population.record(self.stats, hyper)
+        if self.cfg.with_pbt and self.num_policies > 1:
+            record(self.stats, hyper)
         self._build_supervision()
         self._log_layout()
 
@@ -187,7 +183,10 @@ class Runner:
         self.queues = make_queues(cfg, P, self.shape.slots)
         hyper = self.population.hyperparams() if self.population else [initial_hyperparams(cfg, self.shaping)] * P
         fill_shared(self.state, hyper)
-        return hyper
+        self.pbt_link = (PopulationLink(self.world, P, self.weights, functools.partial(  # (PBT across torchrun's ranks)
+            create_actor_critic, cfg, self.obs_space, self.action_space), cfg.distributed_timeout_sec, self.state,
+            self.population) if cfg.with_pbt and self.world.distributed else None)
+        return self.pbt_link.hyper or hyper if self.pbt_link else hyper
 
     def _shared_weights(self) -> list[SharedWeights]:
         """Each policy's weights in shared memory (its learner publishes them)."""
@@ -225,9 +224,8 @@ class Runner:
         playing = self.shape.agents  # agents in all, playing at once
         if P > 1 or self.shape.agents_per_env > 1:
             log.info("Population: %d policies (%s), %d agents per env (%d agents in all), policy mapping %s%s", P,
-                     "population-based training" + (", resumed" if self.population.resumed else "")
-                     if self.population else "independent", self.shape.agents_per_env,
-                     playing, cfg.policy_mapping,
+                     "population-based training" + (", resumed" if self.population and self.population.resumed else "")
+                     if cfg.with_pbt else "independent", self.shape.agents_per_env, playing, cfg.policy_mapping,
                      f" (new draw every {cfg.policy_resample_episodes} episodes of an env)"
                      if cfg.policy_mapping != "fixed" and P > 1 else "")
         here = len(self.policies)  # (a population under torchrun: this rank's; its agents play only them)
@@ -407,7 +405,9 @@ class Runner:
             self.stats.start_frames = sum(self.state.policy_env_steps())
         if self.learner_ready:
             self._update_frames()
-        if self.population is not None:
+        if self.pbt_link is not None:  # (population-based training across torchrun's ranks)
+            self.pbt_link.step(self.state, self.stats, self.population)
+        elif self.population is not None:
             self.population.step(self.state, self.stats)
         now = time.time()
         if now - self.last_report >= self.cfg.report_interval_sec:

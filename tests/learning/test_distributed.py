@@ -530,7 +530,8 @@ def test_a_population_is_placed_policy_p_on_rank_p_mod_world_size_and_one_policy
 @pytest.mark.parametrize("flags, needle", [
     (["--num_policies", "3"], "--num_policies 3: a population under torchrun places policy p on rank p mod 4; give at "
                               "least one policy per rank (4)"),
-    (["--num_policies", "4", "--with_pbt", "True"], "--with_pbt: population-based training across torchrun's ranks"),
+    (["--num_policies", "4", "--with_pbt", "True"], "--with_pbt: population-based training across ranks talks "
+                                                    "through torchrun's store (TORCHELASTIC_USE_AGENT_STORE=True"),
     (["--sync_mode", "hts"], "--sync_mode hts: runs under torchrun train asynchronously"),
 ])
 def test_what_torchrun_runs_cannot_place_is_one_line(tmp_path, monkeypatch, flags, needle):
@@ -538,6 +539,7 @@ def test_what_torchrun_runs_cannot_place_is_one_line(tmp_path, monkeypatch, flag
     from sf.runner.preflight import data_parallel_world
     for k, v in dict(RANK="1", WORLD_SIZE="4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1").items():
         monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)  # (a launcher other than torchrun)
     cfg = parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path), *flags])
     with pytest.raises(ConfigError, match=re.escape(needle)):
         data_parallel_world(cfg)

@@ -20,7 +20,7 @@ from sf.ipc import Queue
 from sf.learning.learner import Learner
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.shared_state import ENV_STEPS, SharedState
-from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams, request_copy
+from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams, record, request_copy
 from sf.runner.stats import RunStats, read_event_scalars
 from sf_envs.registry import make_env
 
@@ -233,7 +233,7 @@ def test_hyperparameters_in_force_are_the_recorded_ones(pop, tmp_path):
     control = PopulationControl(pop.cfg, pop.exp_dir, {})
     stats = RunStats(pop.exp_dir, 10, 1, num_policies=3)
     fill_shared(pop.state, control.hyperparams())
-    control.record(stats, control.hyperparams())
+    record(stats, control.hyperparams())
     stats.add_episodes([{"policy": p, "reward": 1.0 - 0.5 * p} for p in range(3)])  # 0 best, 2 worst
     for p in range(3):
         pop.state.learner[p, ENV_STEPS] = 100

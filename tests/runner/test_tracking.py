@@ -50,7 +50,7 @@ def test_progress_bar_time_budget_past_the_end_and_before_one_percent():
 def test_log_progress_counts_a_resumed_run_from_where_it_started(caplog):
     """Runner._log_progress: the frames of this run only (200k of 400k after resuming at 100k of 500k)."""
     fake = SimpleNamespace(stats=SimpleNamespace(start_frames=100_000, report_line=lambda: "Fps is (...)."),
-                           num_policies=1, trained_frames=lambda: 300_000, world=World(),
+                           num_policies=1, trained_frames=lambda: 300_000, world=World(), data_parallel=False,
                            cfg=SimpleNamespace(train_for_env_steps=500_000, train_for_seconds=10**10))
     with caplog.at_level(logging.INFO, logger="sf"):
         Runner._log_progress(fake, time.time() - 100.0)

@@ -88,15 +88,25 @@ def test_two_hosts_train_and_resume_without_a_shared_filesystem(tmp_path):
         wait_for(lambda: h0.pids() == [] and h1.pids() == [], 20, "nothing left running on either host")
 
 
-def test_a_population_of_4_trains_over_two_hosts_and_each_host_resumes_its_policies(tmp_path):
-    """--num_policies 4 over the two hosts (issue 42, item 2): policies 0 and 2 live on host 0, 1 and 3 on host 1, each
-    host writes its policies' checkpoints and its own event file into its own train dir (no shared filesystem), and a
-    resume on both hosts restores every policy from its host's files."""
+DECISION = re.compile(r"PBT: policy \d+ \([^)]*frames\) (copies weights|mutates|keeps its weights|skips this update)")
+DECIDED = re.compile(r"PBT: policy \d+ \([^)]*frames\) (copies weights|mutates)")
+COPIED = re.compile(r"\[rank (\d)\]\[INFO\] PBT: policy (\d) now plays with the weights of policy (\d)")
+
+
+def test_a_population_of_4_with_pbt_trains_over_two_hosts_and_each_host_resumes_its_policies(tmp_path):
+    """--num_policies 4 --with_pbt over the two hosts (issue 42, item 2): policies 0 and 2 live on host 0, 1 and 3 on
+    host 1; each host writes its policies' checkpoints and its own event file into its own train dir (no shared
+    filesystem); rank 0 alone decides for all 4 (its console, its pbt_state.json), and every weight copy lands on the
+    policy's own host, whichever host its source lives on; a resume on both hosts restores every policy from its host's
+    files and PBT from host 0's. (A cross-host copy bit for bit: tests/runner/test_population_link.py.)"""
     dirs = [tmp_path / "host0", tmp_path / "host1"]
     logs = [tmp_path / "host0.log", tmp_path / "host1.log"]
     mine = {0: ["0", "2"], 1: ["1", "3"]}
+    # (10,000 frames: a host that starts seconds after the other still overlaps it for several PBT periods)
+    pbt = ["--num_policies", "4", "--with_pbt", "True", "--pbt_period_env_steps", "500", "--pbt_start_mutation", "1000",
+           "--pbt_replace_fraction", "0.5", "--pbt_replace_reward_gap", "0.0"]
     with TwoHosts() as (h0, h1):
-        texts = run_both(h0, h1, dirs, logs, "--num_policies", "4", "--train_for_env_steps", "1500")
+        texts = run_both(h0, h1, dirs, logs, *pbt, "--train_for_env_steps", "10000")
         for rank in (0, 1):
             checkpoints = sorted(p.parent.name for p in (dirs[rank] / "ddp").glob("checkpoint_p*/checkpoint_*.pth"))
             assert sorted(set(checkpoints)) == [f"checkpoint_p{p}" for p in mine[rank]], files(dirs[rank])
@@ -104,11 +114,18 @@ def test_a_population_of_4_trains_over_two_hosts_and_each_host_resumes_its_polic
             saved = re.findall(rf"\[rank {rank}\]\[INFO\] Saved final checkpoint \S+/checkpoint_p(\d)/", texts[rank])
             assert sorted(saved) == mine[rank], texts[rank][-3000:]
         assert not list((dirs[1] / "ddp").glob("config.json"))  # (rank 0's files: config.json, the log)
+        assert DECIDED.search(texts[0]), texts[0][-3000:]
+        assert not DECISION.search(texts[1]), texts[1][-3000:]
+        assert (dirs[0] / "ddp" / "pbt_state.json").is_file() and not (dirs[1] / "ddp" / "pbt_state.json").exists()
+        for text in texts:
+            for rank, policy, _ in COPIED.findall(text):
+                assert policy in mine[int(rank)]
 
-        texts = run_both(h0, h1, dirs, logs, "--num_policies", "4", "--train_for_env_steps", "3000")
+        texts = run_both(h0, h1, dirs, logs, *pbt, "--train_for_env_steps", "11000")
         for rank in (0, 1):
             resumed = re.findall(rf"\[rank {rank}\]\[INFO\] Resumed policy (\d) from checkpoint", texts[rank])
             assert sorted(resumed) == mine[rank], texts[rank][-3000:]
+        assert "population-based training, resumed" in texts[0], texts[0][-3000:]
         wait_for(lambda: h0.pids() == [] and h1.pids() == [], 20, "nothing left running on either host")
 
 
