@@ -30,7 +30,9 @@ from typing import Callable
 import torch
 
 from sf import distributed
+from sf.cfg import RunError
 from sf.runner.population import PopulationControl, apply_decisions, fill_shared, request_copy
+from sf.utils.files import first_line
 
 log = logging.getLogger("sf")
 PERIOD_SEC = 1.0  # how often a rank sends its figures and looks for decisions
@@ -44,7 +46,11 @@ class PopulationLink:
         self.hyper holds the hyperparameters every policy starts from; control: rank 0's PopulationControl."""
         self.world, self.num_policies, self.weights, self.make_model = world, num_policies, weights, make_model
         self.mine = set(world.policies(num_policies))
-        self.store = distributed.agent_store(world, timeout_sec)
+        try:
+            self.store = distributed.agent_store(world, timeout_sec)
+        except RuntimeError as e:  # (DistNetworkError: a RunError, not "cannot allocate the run's shared memory")
+            raise RunError(f"rank {world.rank}: cannot reach torchrun's store at {world.master_addr}:"
+                           f"{world.master_port} for PBT across ranks: {first_line(e)}") from None
         self.prefix = f"sf/pop/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         self.applied = 0  # the last decision batch applied here
         self.serving: list[tuple[int, int, int]] = []  # (batch, policy of another rank, source of this rank)
@@ -75,7 +81,11 @@ class PopulationLink:
             self.store.set(self._key("decisions", 1), json.dumps({"hyper": self.hyper, "copies": []}))
             self.store.set(self._key("decided"), "1")
         else:
-            self.store.wait([self._key("decisions", 1)], datetime.timedelta(seconds=timeout_sec))
+            try:
+                self.store.wait([self._key("decisions", 1)], datetime.timedelta(seconds=timeout_sec))
+            except RuntimeError as e:
+                raise RunError(f"rank {self.world.rank}: rank 0 did not publish the population's hyperparameters within "
+                               f"{timeout_sec:g} s (--distributed_timeout_sec): {first_line(e)}") from None
             self.hyper = json.loads(self.store.get(self._key("decisions", 1)))["hyper"]
             fill_shared(state, self.hyper)
         self.applied = 1

@@ -93,3 +93,16 @@ def test_an_unreachable_store_ends_the_exchange_with_one_warning(tmp_path, monke
     assert len(warned) == 1 and "cannot be reached" in warned[0], warned
 
 
+
+
+def test_a_rank_that_never_gets_rank_0s_hyperparameters_stops_in_one_line(tmp_path, monkeypatch):
+    """Rank 1 waits --distributed_timeout_sec for decision batch 1 (rank 0's hyperparameters) before its processes
+    start; past it, a RunError naming the flag, not a failure to allocate shared memory."""
+    from sf.cfg import RunError
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True)  # noqa: F841 (rank 0 never publishes)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    world = World(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
+    with pytest.raises(RunError, match=r"rank 1: rank 0 did not publish the population's hyperparameters within 1 s "
+                                       r"\(--distributed_timeout_sec\)"):
+        PopulationLink(world, 2, [], lambda: None, 1, SharedState(1, 1, 2, (), 8), None)
