@@ -237,6 +237,9 @@ class DoomEnv(gym.Env):
         """A configured DoomGame, not started yet."""
         import vizdoom as vzd
         check_scenario(self.scenario, self.config_path)  # again before each engine start (cached: a few stats)
+        # each engine makes ./_vizdoom/ at start and dies if another made it in between; the Python process that
+        # started it then dies of SIGSEGV (6 engines started at once in a fresh directory: 3 trials in 15 crashed)
+        os.makedirs("_vizdoom", exist_ok=True)
         game = vzd.DoomGame()
         game.load_config(str(self.config_path))
         # the map path relative to the config file's directory, independent of the cwd

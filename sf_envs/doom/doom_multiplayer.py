@@ -28,7 +28,6 @@ tic timing differs from run to run).
 """
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -303,7 +302,6 @@ class DoomMultiplayerEnv(gym.Env):
 
     def _launch(self) -> None:
         """Start the engines of a new match on a freshly leased port (another port on each of a few tries)."""
-        os.makedirs("_vizdoom", exist_ok=True)  # made by vizdoom for net games: engines racing to make it crash
         failed, error = (), None
         for _ in range(START_TRIES):
             self._procs.lease = lease_port(*self.port_range, exclude=failed)

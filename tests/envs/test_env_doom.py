@@ -419,3 +419,16 @@ def test_train_py_reports_tampered_data_in_one_line(doom_data, tmp_path):
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert len(lines) == 1 and "battle.wad" in lines[0] and "fetch_scenarios" in lines[0], res.stderr
+
+
+def test_engine_directory_made_before_any_engine_starts(tmp_path, monkeypatch):
+    """Each VizDoom engine makes ./_vizdoom/ as it starts and dies when another engine made it in between, taking the
+    Python process with it (SIGSEGV; CI lost an hts run to it). The env makes the directory before any engine starts."""
+    monkeypatch.chdir(tmp_path)
+    env = make_env(cfg_for("doom_basic"))
+    try:
+        game = env.unwrapped._new_game()  # configured, not started: no engine has run in this directory
+        assert (tmp_path / "_vizdoom").is_dir()
+        game.close()
+    finally:
+        env.close()
