@@ -104,17 +104,18 @@ def naive_image_encoder(enc, x, mean: float = 0.0, scale: float = 255.0, nonlin=
     return y.float()
 
 
+@pytest.mark.parametrize("channels", [3, 4], ids=["rgb", "stacked4"])  # (4: the first convolution reads NHWC)
 @pytest.mark.parametrize("mean, scale", [(0.0, 255.0), (77.0, 128.0), (-3.0, 1.0)])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_obs_subtract_mean_and_obs_scale_are_honoured_exactly(arch, mean, scale):
+def test_obs_subtract_mean_and_obs_scale_are_honoured_exactly(arch, mean, scale, channels):
     """uint8 frames through the encoder (the preprocessing folded into its first convolution, the mean padded in
     for resnet_impala's padded first convolution) = the plain network on (x - mean) / scale; the CPU blocks and
     the channels_last layout change nothing."""
     torch.manual_seed(0)
     cfg = make_cfg(encoder_conv_architecture=arch, encoder_conv_mlp_layers=[32], obs_subtract_mean=mean,
                    obs_scale=scale)
-    enc = make_image_encoder(cfg, (3, 36, 48))
-    x = torch.randint(0, 256, (7, 3, 36, 48), dtype=torch.uint8)
+    enc = make_image_encoder(cfg, (channels, 36, 48))
+    x = torch.randint(0, 256, (7, channels, 36, 48), dtype=torch.uint8)
     ref = naive_image_encoder(enc, x, mean, scale)
     with torch.no_grad():
         torch.testing.assert_close(enc(x), ref, rtol=1e-4, atol=1e-4)
@@ -123,6 +124,22 @@ def test_obs_subtract_mean_and_obs_scale_are_honoured_exactly(arch, mean, scale)
         enc.channels_last = False
         torch.testing.assert_close(enc(x), ref, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(enc(x.float()), ref, rtol=1e-4, atol=1e-4)  # float frames: the same scaling
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nhwc_input_gives_the_gradients_of_nchw(arch):
+    """The learner's backward through a 4-channel input read NHWC (on CPU) = the one through NCHW."""
+    torch.manual_seed(0)
+    enc = make_image_encoder(make_cfg(encoder_conv_architecture=arch, encoder_conv_mlp_layers=[32]), (4, 36, 48))
+    x = torch.randint(0, 256, (7, 4, 36, 48), dtype=torch.uint8)
+    grads = []
+    for channels_last in (True, False):
+        enc.channels_last = channels_last
+        enc.zero_grad()
+        enc(x).square().sum().backward()
+        grads.append([p.grad.clone() for p in enc.parameters()])
+    for nhwc, nchw in zip(*grads):
+        torch.testing.assert_close(nhwc, nchw, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("layers, out, names", [(None, 48, ["fc"]), ([64, 16], 16, ["fc", "fc2"]),
