@@ -1,7 +1,7 @@
 """Learner throughput: samples/s of `APPO.train` for the paper's Doom model on CPU, one row per image encoder.
 
 Model: simplified Doom architecture (the encoder of --encoders, default each of convnet_simple (the paper's),
-convnet_impala, convnet_atari and resnet_impala, on [3, 72, 128] uint8 frames, FC 512, GRU 512,
+convnet_impala, convnet_atari and resnet_impala, on [3, 72, 128] uint8 frames (--frames), FC 512, GRU 512,
 Discrete(7) actions), batch_size 2048 samples = 64 trajectories of T = 32 (+1 bootstrap step),
 recurrence 32, 1 epoch, 1 minibatch per training batch (the paper's Table A.5). Episode ends are
 sprinkled in (p = 0.02 per step) so the RNN takes the reset path as in real training.
@@ -10,6 +10,8 @@ sprinkled in (p = 0.02 per step) so the RNN takes the reset path as in real trai
     python benchmarks/learner_step.py --encoders convnet_simple resnet_impala --threads 2
     python benchmarks/learner_step.py --threads 2 --iters 5 --cpu_block 256 --no_channels_last
     python benchmarks/learner_step.py --per_step           # also time the per-time-step reference learner
+    python benchmarks/learner_step.py --frames 4 84 84 --encoders convnet_atari --threads 2 --nchw_input_too
+                                                           # Atari's frames; also with the first conv reading NCHW
 
 Reference points:
 - the project's naive single-threaded learner measured ~500 samples/s on this model (NAIVE_BASELINE;
@@ -44,23 +46,25 @@ from gymnasium import spaces  # noqa: E402
 from sf.cfg import default_cfg as make_cfg  # noqa: E402
 from sf.learning.appo import APPO  # noqa: E402
 from sf.model.actor_critic import create_actor_critic, resolve_precision  # noqa: E402
+from sf.model import encoders  # noqa: E402
 from sf.model.encoders import CONV_ARCHITECTURES, RESNET_ARCHITECTURES  # noqa: E402
 
 
 NAIVE_BASELINE = 500.0  # samples/s, naive single-threaded learner (the reference, convnet_simple)
 ENCODERS = (*CONV_ARCHITECTURES, *RESNET_ARCHITECTURES)
-OBS_SPACE = spaces.Dict({"obs": spaces.Box(0, 255, (3, 72, 128), np.uint8)})
+OBS_SPACE = spaces.Dict({"obs": spaces.Box(0, 255, (3, 72, 128), np.uint8)})  # (--frames replaces it)
 ACTION_SPACE = spaces.Discrete(7)
 
 
 def make_batch(model, n: int, t: int, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
+    frames = OBS_SPACE["obs"].shape
     h = model.rnn_state_size
     logits = torch.randn((n, t, ACTION_SPACE.n), generator=g)
     actions = torch.randint(0, ACTION_SPACE.n, (n, t, 1), generator=g)
     log_probs = torch.log_softmax(logits, -1).gather(-1, actions).squeeze(-1)
     return {
-        "obs": {"obs": torch.randint(0, 256, (n, t + 1, 3, 72, 128), dtype=torch.uint8, generator=g)},
+        "obs": {"obs": torch.randint(0, 256, (n, t + 1, *frames), dtype=torch.uint8, generator=g)},
         "rnn_states": torch.randn((n, t + 1, h), generator=g) * 0.1,
         "actions": actions,
         "action_logits": logits,
@@ -70,7 +74,7 @@ def make_batch(model, n: int, t: int, seed: int = 0) -> dict:
         "rewards": torch.randn((n, t), generator=g),
         "dones": (torch.rand((n, t), generator=g) < 0.02).float(),
         "truncated": torch.zeros((n, t)),  # no time limits in this batch (APPO bootstraps truncated steps)
-        "final_obs": {"obs": torch.zeros((n, 3, 72, 128), dtype=torch.uint8)},  # (none kept: final_t -1)
+        "final_obs": {"obs": torch.zeros((n, *frames), dtype=torch.uint8)},  # (none kept: final_t -1)
         "final_rnn": torch.zeros((n, h)),
         "final_t": torch.full((n,), -1, dtype=torch.int64),
     }
@@ -178,12 +182,18 @@ def main() -> None:
     p.add_argument("--no_channels_last", action="store_true", help="conv activations in NCHW instead of NHWC")
     p.add_argument("--cpu_block", type=int, default=None, help="frames per conv call on CPU (default: the model's)")
     p.add_argument("--per_step", action="store_true", help="also time the per-time-step reference learner")
+    p.add_argument("--frames", type=int, nargs=3, default=[3, 72, 128], metavar=("C", "H", "W"),
+                   help="the uint8 frames' shape (Atari: 4 84 84)")
+    p.add_argument("--nchw_input_too", action="store_true", help="also time each row with the first convolution "
+                   "reading NCHW (on CPU in float32 it reads NHWC from NHWC_INPUT_CHANNELS channels on)")
     p.add_argument("--precision", default="float32", choices=("float32", "bfloat16", "auto"),
                    help="the encoder's arithmetic (train.py --precision; auto as in async training)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: on CUDA, also timed with the batch's gather out "
                    "of shared memory in each step (TrajectoryBuffers.gather: the learner's pinned staging and asynchronous "
                    "copy; trajectories live in host shared memory)")
     args = p.parse_args()
+    global OBS_SPACE
+    OBS_SPACE = spaces.Dict({"obs": spaces.Box(0, 255, tuple(args.frames), np.uint8)})
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         sys.exit(f"--device {args.device}: torch sees no CUDA device (use --device cpu)")
 
@@ -198,7 +208,7 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} cores, {_cpu_name()}; torch {torch.__version__}; "
               f"python {platform.python_version()}")
         print("command: python " + " ".join(sys.argv))
-    print(f"model: Doom simplified, ENCODER on [3,72,128] uint8, FC 512, {args.rnn_type.upper()} 512, "
+    print(f"model: Doom simplified, ENCODER on {list(args.frames)} uint8, FC 512, {args.rnn_type.upper()} 512, "
           f"batch {args.batch_size} = {n} x T {t} (+1 bootstrap step), channels_last={not args.no_channels_last}")
     for arch, threads in [(a, th) for a in args.encoders for th in args.threads]:
         cfg = make_cfg(rollout=args.rollout, recurrence=args.rollout, batch_size=args.batch_size,
@@ -219,8 +229,15 @@ def main() -> None:
         sec = timeit(step, args.warmup, args.iters, args.device)
         line = (f"{arch} threads={threads} encoder {model.compute_dtype or torch.float32}: APPO.train {sec * 1000:.0f} ms/batch (median), "
                 f"{args.batch_size / sec:.0f} samples/s")
-        if arch == "convnet_simple":
+        if arch == "convnet_simple" and OBS_SPACE["obs"].shape == (3, 72, 128):
             line += f" (x{args.batch_size / sec / NAIVE_BASELINE:.1f} the naive baseline's {NAIVE_BASELINE:.0f})"
+        if args.nchw_input_too:
+            kept, encoders.NHWC_INPUT_CHANNELS = encoders.NHWC_INPUT_CHANNELS, sys.maxsize
+            try:
+                nsec = timeit(step, args.warmup, args.iters, args.device)
+            finally:
+                encoders.NHWC_INPUT_CHANNELS = kept
+            line += f"; first conv reading NCHW {args.batch_size / nsec:.0f} samples/s (this row x{nsec / sec:.2f})"
         if torch.device(args.device).type == "cuda":
             buffers, slots = in_shared_memory(model, host)
             csec = timeit(lambda: appo.train(buffers.gather(slots, args.device), version[0]),

@@ -54,8 +54,9 @@ ARCHITECTURES = ("auto", *CONV_ARCHITECTURES, *RESNET_ARCHITECTURES)
 MEASUREMENTS_KEY = "measurements"
 MEASUREMENTS_HIDDEN = 128
 CPU_BLOCK = 128  # frames per conv call on CPU (cache blocking)
-# On CPU in float32 the first convolution reads NHWC from this many input channels on: Atari's 4 stacked 84x84 frames
-# trained 17-45% faster so (Nature CNN, forward + backward, 2 threads); Doom's 3 RGB channels as fast or faster NCHW
+# On CPU in float32 the first convolution reads NHWC from this many input channels on: APPO.train on Atari's 4 stacked
+# 84x84 frames x1.11 (2 threads), x1.09 (1 thread); Doom's 3 RGB channels x0.98 so, they stay NCHW
+# (benchmarks/learner_step.py --frames 4 84 84 --nchw_input_too)
 NHWC_INPUT_CHANNELS = 4
 
 
