@@ -52,9 +52,11 @@ from common import FPS_RE, header, table  # noqa: E402
 from sf.runner.stats import read_event_scalars  # noqa: E402
 
 # Sample Factory 2.1.1's values for the Atari command (sf_examples/atari/atari_params.py and its defaults) where ours
-# differ (the rest of its Atari preset is configs/atari.json's since 2026-11-28).
-ATARI_AS_SF = ["--worker_num_splits", "1", "--rollout", "128", "--shuffle_minibatches", "False",
-               "--value_bootstrap", "False"]
+# differ. --lr_schedule linear_decay is its preset's, but its command line refuses it (not among the choices).
+ATARI_AS_SF = ["--worker_num_splits", "1", "--rollout", "128", "--num_epochs", "4", "--num_batches_per_epoch", "4",
+               "--async_rl", "False", "--lr_schedule", "linear_decay", "--adam_eps", "1e-5", "--nonlinearity", "relu",
+               "--normalize_returns", "True", "--shuffle_minibatches", "False", "--value_bootstrap", "False",
+               "--with_vtrace", "False"]
 
 # gymnasium 0.29 (Sample Factory 2.1.1's) finds ale-py's Atari ids only once ale_py is imported, and ale-py >= 0.11
 # registers them on import only under gymnasium 1.x: every Sample Factory process imports this first.
