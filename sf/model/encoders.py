@@ -55,8 +55,8 @@ MEASUREMENTS_KEY = "measurements"
 MEASUREMENTS_HIDDEN = 128
 CPU_BLOCK = 128  # frames per conv call on CPU (cache blocking)
 # On CPU in float32 the first convolution reads NHWC from this many input channels on: APPO.train on Atari's 4 stacked
-# 84x84 frames x1.11 (2 threads), x1.09 (1 thread); Doom's 3 RGB channels x0.98 so, they stay NCHW
-# (benchmarks/learner_step.py --frames 4 84 84 --nchw_input_too)
+# 84x84 frames x1.11 (2 threads), x1.09 (1 thread) (benchmarks/learner_step.py --frames 4 84 84 --nchw_input_too);
+# Doom's 3 RGB channels stay NCHW (their conv layers alone were no faster reading NHWC: docs/benchmarks.md)
 NHWC_INPUT_CHANNELS = 4
 
 
