@@ -138,11 +138,12 @@ class ImageEncoder(nn.Module):
         NHWC_INPUT_CHANNELS channels on."""
         device = x.device.type
         low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        cpu_nhwc = self.channels_last and device == "cpu" and x.dim() == 4
         if low is None or low == torch.float32:
-            if self.channels_last and device == "cpu" and x.dim() == 4 and x.shape[1] >= NHWC_INPUT_CHANNELS:
+            if cpu_nhwc and x.shape[1] >= NHWC_INPUT_CHANNELS:
                 x = x.contiguous(memory_format=torch.channels_last)  # in the storage dtype (uint8: 4x fewer bytes)
             return x if x.dtype == torch.float32 else x.to(torch.float32)  # (.to keeps the layout)
-        if self.channels_last and device == "cpu" and x.dim() == 4:
+        if cpu_nhwc:
             if x.element_size() > low.itemsize:  # transposed in the narrower dtype (uint8 frames: as they are)
                 x = x.to(low)
             return x.contiguous(memory_format=torch.channels_last).to(low)  # (.to keeps the layout)
