@@ -214,6 +214,11 @@ LEARNING_PARAMS: list[Param] = [
     Param("shuffle_minibatches", str2bool, True, "With several minibatches per batch, each epoch draws them from the "
           "batch's trajectories in a random order (seeded by --seed); False: in storage order, as Sample Factory's "
           "default does", scope="train"),
+    Param("sample_minibatches", str2bool, False, "Minibatches of single samples of all the batch's steps (with "
+          "--shuffle_minibatches: drawn at random, CleanRL's; Sample Factory 2's at --recurrence 1), the batch's GAE "
+          "advantages computed once beforehand from the behaviour values, as Sample Factory's; needs --use_rnn False "
+          "and --with_vtrace False. False: minibatches of whole trajectories, their targets from the learner's current "
+          "values", scope="train"),
     Param("num_epochs", int, 1, "Passes over each training batch", scope="train", min_value=1, max_value=1024),
     Param("learning_rate", float, 1e-4, "Learning rate: the base rate that --lr_schedule scales (and PBT mutates)",
           scope="train", min_value=0.0, min_exclusive=True, max_value=1.0),

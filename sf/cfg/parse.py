@@ -199,7 +199,7 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
         notes.append(note)
     if mode == "train":
         envs_given = "num_envs_per_worker" in explicit or "num_envs_per_worker" in saved or auto
-        notes += _training_defaults(values, envs_given)
+        notes += _training_defaults(values, envs_given, set(explicit) | set(saved))
     # _notes: for the log (not saved); _explicit: the parameters given on the command line (a resumed PBT run: over
     # its state), --num_workers auto one of them
     cfg = make_config(values, _notes=tuple(notes), _explicit=frozenset(explicit) | ({"num_workers"} if auto else set()))
@@ -247,10 +247,17 @@ def _layer_saved_config(values: dict, explicit: dict, params: dict[str, Param], 
     return saved
 
 
-def _training_defaults(values: dict, envs_given: bool) -> list[str]:
-    """Train mode's defaults that depend on the machine or on other values (envs per worker, the seed), set in
-    `values`; returns their lines for the run log."""
+def _training_defaults(values: dict, envs_given: bool, chosen: set) -> list[str]:
+    """Train mode's defaults that depend on the machine or on other values (envs per worker, the seed, a preset's
+    sample minibatches), set in `values`; chosen: the parameters given on the command line or by a saved config.json.
+    Returns their lines for the run log."""
     notes = []
+    if values["sample_minibatches"] and (values["use_rnn"] or values["with_vtrace"]) and \
+            "sample_minibatches" not in chosen:  # (the Atari preset's, under Sample Factory's --use_rnn True, say)
+        given = "--use_rnn True" if values["use_rnn"] else "--with_vtrace True"
+        notes.append(f"--sample_minibatches False (the preset's True needs a feed-forward policy with GAE, and {given} "
+                     "was given): minibatches of whole trajectories")
+        values["sample_minibatches"] = False
     if not envs_given:
         envs = scale_envs_per_worker(values["num_envs_per_worker"], values["num_workers"], values["worker_num_splits"])
         if envs != values["num_envs_per_worker"]:

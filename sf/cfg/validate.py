@@ -230,6 +230,9 @@ def verify(cfg, mode: str = "train") -> None:
     if mode == "train" and cfg.lr_adaptive_min > cfg.lr_adaptive_max:
         raise ConfigError(f"--lr_adaptive_min ({cfg.lr_adaptive_min}) must be at most --lr_adaptive_max "
                           f"({cfg.lr_adaptive_max})")
+    if mode == "train" and cfg.sample_minibatches and (cfg.use_rnn or cfg.with_vtrace):
+        raise ConfigError("--sample_minibatches True needs a feed-forward policy with GAE targets (--use_rnn False "
+                          "--with_vtrace False): a recurrent core, and V-trace's targets, follow whole trajectories")
     if cfg.use_rnn and cfg.rollout % cfg.recurrence:
         raise ConfigError(f"--recurrence ({cfg.recurrence}) must divide --rollout ({cfg.rollout})")
     if cfg.adaptive_stddev and (cfg.initial_stddev != 1.0 or cfg.continuous_tanh_scale):  # would have no effect

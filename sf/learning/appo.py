@@ -18,6 +18,10 @@ docs/architecture.md (`N` trajectories of `T` steps, slot `T` holding the state 
         sf.learning.lr_schedule, version += 1, on_sgd_step(version); the schedule moves after the step (and after
         each epoch)
 
+With --sample_minibatches (feed-forward, GAE) a minibatch is instead a random set of single steps of the whole batch,
+as m one-step trajectories carrying the batch's targets, computed once before the first epoch (_batch_targets,
+sf.learning.sample_minibatches).
+
 Minibatch order comes from a generator seeded from --seed (its state goes into checkpoints); in hts/ppo modes a
 training batch is one rollout of every env, split into cfg.sync_minibatches() SGD steps of --batch_size samples.
 
@@ -38,6 +42,7 @@ from sf.learning.gae import gae
 from sf.learning.losses import appo_loss, masked_mean, symmetric_kl_with_uniform
 from sf.learning.lr_schedule import KL_ADAPTIVE, LrSchedule
 from sf.learning.optimizers import make_optimizer
+from sf.learning.sample_minibatches import TARGET_KEYS, sample_minibatch
 from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks/profile_training.py)
 from sf.learning.vtrace import truncation_bootstrap, vtrace
 from sf.model.action_spaces import MASKED_LOGIT, action_heads
@@ -135,7 +140,9 @@ class APPO:
         # (sync-free steps: the optimizer skips it on the device instead, see _sync_free_steps)
         if self.grad_hook is None and not self._sync_free_steps() and lag_stats[3] == 0:
             return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False, None
-        seq_dones = torch.nn.functional.pad(mb["dones"], (0, 1))  # [n, T+1]; the done of step T is never used
+        given = TARGET_KEYS[0] in mb  # one-step samples with the batch's targets (sf.learning.sample_minibatches)
+        # [n, T+1]: the done of step T is never used (samples: [n, 1], no state after the step)
+        seq_dones = mb["dones"] if given else torch.nn.functional.pad(mb["dones"], (0, 1))
         cut_dones = mb.get(DONES_HOST)  # a CUDA batch's dones in host memory: the RNN's cuts without a device read
         if cut_dones is not None:
             cut_dones = torch.nn.functional.pad(cut_dones, (0, 1))
@@ -144,7 +151,7 @@ class APPO:
         logits, values = model.forward_sequence(mb["obs"], mb["rnn_states"], seq_dones, cfg.recurrence,
                                                 normalized_values=normalize_returns, cut_dones=cut_dones)
         logits = logits.transpose(0, 1)[:t_len]  # [T, n, L]
-        values = values.transpose(0, 1)  # [T+1, n]
+        values = values.transpose(0, 1)  # [T+1, n] ([1, n] for samples)
         behavior_log_probs = mb["log_probs"].t()
         dist = model.action_distribution(logits)
         log_probs = dist.log_prob(mb["actions"].transpose(0, 1))  # actions [T, n, A]
@@ -157,8 +164,13 @@ class APPO:
             kl = dist.kl_divergence(model.action_distribution(behaviour_logits))
         sym_kl = self._symmetric_kl(dist, logits) if cfg.exploration_loss == "symmetric_kl" else None
         LAPS.lap("forward")  # (and the minibatch's selection, the valid steps)
-        targets, advantages, behavior_values = self._targets(mb, values, log_probs, behavior_log_probs, valid,
-                                                             normalize_returns)
+        if given:
+            targets, advantages, behavior_values = (mb[k].t() for k in TARGET_KEYS)
+        else:
+            v = values.detach()
+            v = model.returns_normalizer.denormalize(v) if normalize_returns else v
+            targets, advantages, behavior_values = self._targets(mb, v, log_probs, behavior_log_probs, valid,
+                                                                 normalize_returns)
 
         terms = appo_loss(log_probs, behavior_log_probs, advantages, values[:t_len], behavior_values, targets, entropy,
                           valid, clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
@@ -214,20 +226,17 @@ class APPO:
         return valid, torch.stack([lo, mean, hi, valid.sum().float()])
 
     @torch.no_grad()
-    def _targets(self, mb: dict, values: torch.Tensor, log_probs: torch.Tensor, behavior_log_probs: torch.Tensor,
+    def _targets(self, mb: dict, v: torch.Tensor, log_probs: Optional[torch.Tensor], behavior_log_probs: torch.Tensor,
                  valid: torch.Tensor, normalize_returns: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(value targets, advantages, behaviour values), [T, n] each, by V-trace or GAE: values [T+1, n] (the model's
-        output, normalized when `normalize_returns`) bootstrap from step T; a truncated step from the value of its final
-        observation. With `normalize_returns` the returns normalizer learns the valid targets, and the targets and the
-        behaviour values are normalized."""
+        """(value targets, advantages, behaviour values), [T, n] each, by V-trace or GAE: values v [T+1, n] (returns'
+        units, not normalized) bootstrap from step T; a truncated step from the value of its final observation;
+        log_probs [T, n] (V-trace's; GAE: unused, may be None). With `normalize_returns` the returns normalizer learns
+        the valid targets, and the targets and the behaviour values are normalized."""
         cfg, model = self.cfg, self.model
-        t_len = log_probs.shape[0]
+        t_len = mb["rewards"].shape[1]
         behavior_values = mb["values"].t()
         rewards = mb["rewards"].t()
         discounts = cfg.gamma * (1.0 - mb["dones"].t())
-        v = values.detach()
-        if normalize_returns:
-            v = model.returns_normalizer.denormalize(v)
         truncated = mb["truncated"].t()  # [T, n]
         boot = None  # --value_bootstrap False: a truncation is a termination (done: nothing after it)
         # (sync-free steps: no host test of it; where nothing is truncated the bootstrap adds zeros)
@@ -245,6 +254,20 @@ class APPO:
             targets = model.returns_normalizer.normalize(targets)
             behavior_values = model.returns_normalizer.normalize(behavior_values)
         return targets, advantages, behavior_values
+
+    @torch.no_grad()
+    def _batch_targets(self, experience: dict, version: int) -> dict:
+        """--sample_minibatches (GAE): the whole batch's targets before its first epoch, TARGET_KEYS -> [N, T] each,
+        from the behaviour values (the policy workers', as CleanRL's and Sample Factory 2's GAE) and the learner's values
+        of the states after the last steps (slot T) and of the final observations of truncated episodes."""
+        model, t_len = self.model, experience["rewards"].shape[1]
+        valid, _ = self._valid_steps(experience, version)
+        last = model.forward_step({k: x[:, t_len] for k, x in experience["obs"].items()},
+                                  experience["rnn_states"][:, t_len])  # (values in returns' units)
+        v = torch.cat([experience["values"].t(), last.values.float().unsqueeze(0)])  # [T+1, N]
+        normalize_returns = getattr(model, "returns_normalizer", None) is not None and self.cfg.normalize_returns
+        out = self._targets(experience, v, None, experience["log_probs"].t(), valid, normalize_returns)
+        return {k: x.t() for k, x in zip(TARGET_KEYS, out)}
 
     # None: _sync_free_steps decides by the device; True/False force it (tests: the sync-free path on CPU)
     sync_free: Optional[bool] = None
@@ -409,7 +432,9 @@ class APPO:
         cfg, model = self.cfg, self.model
         model.train()
         n_traj, t_len = experience["rewards"].shape
-        num_mb = max(1, min(self.num_minibatches, n_traj))
+        samples = cfg.sample_minibatches and self.num_minibatches > 1  # minibatches of samples, not of trajectories
+        units = n_traj * t_len if samples else n_traj
+        num_mb = max(1, min(self.num_minibatches, units))
         if hasattr(model, "update_normalizers"):  # (with "own": the steps this policy acted; an inactive agent's zero
             # observations, or another policy's, would pull its statistics)
             model.update_normalizers({k: v[:, :t_len] for k, v in experience["obs"].items()}, experience.get("own"))
@@ -420,14 +445,17 @@ class APPO:
         LAPS.lap("prepare")  # (the input normalizers' update)
 
         version = int(policy_version)
+        targets = self._batch_targets(experience, version) if samples else None
         all_stats = []
         for _ in range(cfg.num_epochs):
             if num_mb == 1:
                 minibatches = [experience]
             else:
                 device = experience["rewards"].device
-                perm = self._permutation(n_traj, device) if cfg.shuffle_minibatches else torch.arange(n_traj, device=device)
-                minibatches = (_index(experience, idx) for idx in torch.tensor_split(perm, num_mb))  # lazy: one copy at a time
+                perm = self._permutation(units, device) if cfg.shuffle_minibatches else torch.arange(units, device=device)
+                # lazy: one copy at a time
+                minibatches = (sample_minibatch(experience, targets, idx) if samples else _index(experience, idx)
+                               for idx in torch.tensor_split(perm, num_mb))
             epoch_kls = []
             for mb in minibatches:
                 stats, stepped, kl = self._sgd_step(mb, version)
