@@ -1,11 +1,15 @@
-"""APPO.train cases whose stats and weights are pinned by digest (tests/learning/test_appo_device_stats.py): each case
-is a small batch on CPU covering one branch of the SGD step (minibatches over epochs, populations' own-step masks, lag
-masking, fully stale minibatches, truncation bootstrap, non-finite gradients, returns normalization, symmetric KL,
-KL penalty and KL-adaptive rates, LAMB). `python tests/learning/appo_reference_cases.py` prints the digests (of every case but feed_forward, which the
-device tests use)."""
+"""APPO.train cases whose stats and weights are pinned (tests/learning/test_appo_device_stats.py): each case is a small
+batch on CPU covering one branch of the SGD step (minibatches over epochs, populations' own-step masks, lag masking,
+fully stale minibatches, truncation bootstrap, non-finite gradients, returns normalization, symmetric KL, KL penalty
+and KL-adaptive rates, LAMB). `python tests/learning/appo_reference_cases.py` writes their reference values
+(REFERENCE_FILE: every case but feed_forward, which the device tests use).
+
+The references are values within rounding, not digests of bits: the same float32 code gives other bits on another CPU
+(matrix kernels chosen by the instruction set: the digests taken on an AMD EPYC all differed on an Intel Xeon)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 import sys
 from pathlib import Path
@@ -41,7 +45,7 @@ def _batch(case: str, cfg, model) -> tuple[dict, int]:
             own[4, :] = False
         exp["own"] = own
         exp["policy_versions"][~own] = 1000  # another policy's versions: no lag of this policy
-    if case in ("truncated", "gae_truncated", "feed_forward"):
+    if case in ("truncated", "gae_truncated", "feed_forward", "samples"):
         exp["dones"][[0, 3], 4] = 1.0
         exp["truncated"][[0, 3], 4] = 1.0
         exp["truncated"][6, 7], exp["dones"][6, 7] = 1.0, 1.0
@@ -67,6 +71,9 @@ CASES = {
     "kl_adaptive": dict(num_epochs=2, num_batches_per_epoch=2, lr_schedule="kl_adaptive_minibatch",
                         learning_rate=1e-2, lr_schedule_kl_threshold=1e-4),
     "lamb": dict(num_epochs=1, num_batches_per_epoch=2, optimizer="lamb"),
+    # minibatches of samples (sf.learning.sample_minibatches), the batch's GAE targets with truncations
+    "samples": dict(num_epochs=2, num_batches_per_epoch=4, use_rnn=False, with_vtrace=False, value_bootstrap=True,
+                    sample_minibatches=True),
 }
 
 
@@ -102,10 +109,24 @@ def digest(stats: list[dict], model) -> str:
     return h.hexdigest()
 
 
+REFERENCE_FILE = Path(__file__).resolve().parent / "appo_reference_values.json"
+PROJECTIONS = 3  # random projections of each weight tensor in its reference values
+
+
+def reference_values(stats: list[dict], model) -> dict:
+    """What a case is compared by: every stat (STAT_KEYS, in order) of every step, and per weight tensor its sum, its
+    sum of squares and PROJECTIONS dot products with fixed random vectors (a change anywhere in it moves them)."""
+    weights = {}
+    for name, p in model.cpu().named_parameters():
+        flat = p.detach().double().flatten()
+        g = torch.Generator().manual_seed(len(flat))
+        proj = torch.randn((PROJECTIONS, len(flat)), generator=g, dtype=torch.float64) @ flat
+        weights[name] = [float(flat.sum()), float((flat * flat).sum()), *proj.tolist()]
+    return {"stats": [[s[k] for k in STAT_KEYS] for s in stats], "weights": weights}
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    for name in CASES:
-        if name == "feed_forward":
-            continue
-        s, m, _ = run_case(name)
-        print(f'    "{name}": "{digest(s, m)}",')
+    refs = {name: reference_values(*run_case(name)[:2]) for name in CASES if name != "feed_forward"}
+    REFERENCE_FILE.write_text(json.dumps(refs, indent=0, sort_keys=True) + "\n")
+    print(f"wrote {REFERENCE_FILE} ({len(refs)} cases)")

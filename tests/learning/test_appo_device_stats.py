@@ -1,9 +1,11 @@
 """APPO.train's statistics read on the host once per batch, its CUDA path free of host reads inside SGD steps, and the
 learner's gather of a batch: what can be checked on CPU (tests/gpu/test_learner_cuda.py checks the CUDA side).
 
-The digests below were computed by tests/learning/appo_reference_cases.py on the code before the stats became device
-tensors (the host read each step's stats with .tolist() and decided skips by bool()): the CPU path gives the same
-stats and weights bit for bit."""
+The reference values (tests/learning/appo_reference_values.json, written by tests/learning/appo_reference_cases.py)
+were first taken as digests of the code before the stats became device tensors (the host read each step's stats with
+.tolist() and decided skips by bool()); the CPU path gave the same stats and weights bit for bit. They are compared
+within rounding: another CPU's float32 kernels give other bits (see appo_reference_cases.py)."""
+import json
 import traceback
 
 import pytest
@@ -12,40 +14,32 @@ from gymnasium import spaces
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from appo_reference_cases import CASES, digest, run_case
+from appo_reference_cases import CASES, REFERENCE_FILE, digest, reference_values, run_case
 from model_test_helpers import VECTOR_OBS
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
 
-DIGESTS = {
-    "default": "07eeb25a11662fd4062a03d9120214370618ebedbe31da4bb5c66d34e9924469",
-    "lag": "aecde752ce3f01c5bca45f837e08920cb366f275ef9c5b06fbe4f477b3bddf66",
-    "stale": "1171b2dfd285b214726dec090b1a71bb0e7798ebf4f35bc225d60f79c6d7bd26",
-    # own, own_none: taken again when the input normalizer stopped learning other policies' steps (2026-11-26)
-    "own": "4e2765e6f72af85200dfb4e444727bebdeb1a151860daec37ddfe5a0d895d890",
-    "own_none": "39cc92da9ff7eaf801e12c53bbbd9ada277d10e3dfd8d5d2d53012bf0fb7fe35",
-    "truncated": "f56251aebb58f86d5cb259d68c8e611c6b62b0ada4c4d85963790e6c3cab4a98",
-    "gae_truncated": "8a76a67426ed5212b040c56ac8100c11f23aa44723080d611068456c8cc37d49",
-    "nonfinite": "71c1d4745de22a8f853aa74b7022ff1bc08b3189404fe9681137ed091d471657",
-    "normalize_returns": "58a778512f3a263aeb0bb64b0b68a0ef27068acac7e8de86c8196c2edb7c3b8f",
-    "symmetric_kl_kl_penalty": "e703e0e7ac74f2f88efc5767d8ca0cb89eaa7d921f4d16c63133900adfd23f93",
-    "kl_adaptive": "3f98d7b7cc022e451f8f82966cc7a9b1ba0cf95656a1ac15289b788e2353e8fd",
-    "lamb": "60f60e9dfc38e298a4313744798be67f68da9eac55ef78e833c4a5ad3e59364e",
-}
+REFERENCES = json.loads(REFERENCE_FILE.read_text())
 
 
 @pytest.fixture(autouse=True)
 def one_thread():
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # (the digests: one thread's reduction order)
+    torch.set_num_threads(1)  # (the references: one thread's reduction order)
     yield
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("case", sorted(DIGESTS))
+@pytest.mark.parametrize("case", sorted(REFERENCES))
 def test_cpu_stats_and_weights_are_those_of_the_per_step_host_reads(case):
     stats, model, appo = run_case(case)
     assert not appo._sync_free_steps()
-    assert digest(stats, model) == DIGESTS[case]
+    got, want = reference_values(stats, model), REFERENCES[case]
+    assert len(got["stats"]) == len(want["stats"])
+    for step, (g, w) in enumerate(zip(got["stats"], want["stats"])):
+        assert g == pytest.approx(w, rel=1e-4, abs=1e-6, nan_ok=True), f"step {step}"
+    assert got["weights"].keys() == want["weights"].keys()
+    for name, w in want["weights"].items():
+        assert got["weights"][name] == pytest.approx(w, rel=1e-4, abs=1e-6), name
 
 
 # --- the sync-free path, forced on CPU: what it would read on the host on CUDA ------------------------------------
@@ -113,7 +107,7 @@ def test_sync_free_steps_read_nothing_on_the_host(case):
         assert appo.reads == set()
 
 
-@pytest.mark.parametrize("case", ["default", "own_none", "feed_forward", "nonfinite", "stale"])
+@pytest.mark.parametrize("case", ["default", "own_none", "feed_forward", "nonfinite", "stale", "samples"])
 def test_sync_free_steps_skip_on_the_device_what_the_host_skips(case):
     """The forced sync-free path (fused Adam taking found_inf) against the host path: the same statistics up to the
     optimizers' rounding, steps without valid samples or with a non-finite gradient skipped (every step counted)."""
