@@ -466,8 +466,8 @@ class Runner:
 
     def _check_stalls(self) -> bool:
         """The stall watchdog's look (sf/runner/watchdog.py): False (and a stop with exit code 1) if a process is stuck
-        and cannot be replaced."""
-        if self.watchdog.check(healing=self.healing and self.learner_ready):
+        and cannot be replaced, or if this rank's launcher (torchrun) died."""
+        if self.watchdog.check(healing=self.healing and self.learner_ready) and not self.watchdog.launcher_gone():
             return True
         self.exit_code = 1
         return False

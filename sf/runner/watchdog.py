@@ -5,10 +5,14 @@ Every process beats (SharedState's heartbeats). One silent for half its stall li
 from then on, its state tells stuck from busy (computing without a beat: given longer) or starved (waiting for a CPU
 other work holds: left alone, with a warning, since killing it would not give it one). Past its limit, a stuck process
 is killed and replaced (self-healing), or the run stops with exit code 1.
+
+A rank under torchrun also watches its launcher: when torchrun dies (SIGKILLed, say), its ranks are orphaned and would
+train on unseen to their budget; the rank stops instead, with its final checkpoint and exit code 1 (launcher_gone).
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Callable
 
@@ -40,6 +44,17 @@ class StallWatchdog:
         self.last_watch = time.monotonic()  # the last look
         self.silence: dict[str, Silence] = {}  # processes silent for half their stall limit
         self.starved_warned: set[str] = set()  # processes found waiting for a CPU past their limit (warned once)
+        # a rank's launcher (torchrun's agent, whose child the rank is): when it dies, the rank's parent changes
+        self.launcher = os.getppid() if world is not None and world.distributed else None
+
+    def launcher_gone(self) -> bool:
+        """Whether this rank's launcher died (logged once, then the runner stops the rank)."""
+        if self.launcher is None or os.getppid() == self.launcher:
+            return False
+        log.error("This rank's launcher (pid %d, torchrun) is gone: stopping this rank (final checkpoint)", self.launcher)
+        self.launcher = None
+        self.state.request_stop()
+        return True
 
     def check(self, healing: bool) -> bool:
         """A process that gave no sign of life for --stall_timeout_sec is alive but stuck in a call that never returns

@@ -128,6 +128,35 @@ def test_ctrl_c_stops_both_ranks_with_a_checkpoint(tmp_path):
     wait_for(lambda: gone(procs), 20, "every process of both ranks to exit")
 
 
+def test_a_killed_torchrun_stops_its_ranks_with_a_checkpoint(tmp_path):
+    """SIGKILL of torchrun alone (not its process group): its orphaned ranks stop by themselves, with rank 0's final
+    checkpoint, instead of training on unseen until their budget."""
+    log = tmp_path / "log.txt"
+    p = start_torchrun(args(tmp_path, "test_corridor", "--train_for_seconds", "600"), log)
+    procs = []
+    try:
+        wait_for(lambda: re.search(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), [1-9]\d* trained",
+                                   log.read_text()), 180, "both ranks to train")
+        ranks = rank_pids(log.read_text())
+        assert set(ranks) == {0, 1}
+        procs = [q for pid in ranks.values() for q in tree(pid)]
+        p.kill()  # torchrun alone
+        p.wait(timeout=10)
+        wait_for(lambda: gone(procs), 90, "both orphaned ranks to stop")
+    finally:
+        for q in procs:  # (a failure: nothing left running)
+            try:
+                q.kill()
+            except psutil.Error:
+                pass
+    text = log.read_text()
+    # the first rank to see it stops, and its data-parallel peer with it (if it has not seen it yet itself)
+    assert re.search(r"\[rank [01]\]\[ERROR\] This rank's launcher \(pid \d+, torchrun\) is gone: stopping", text), \
+        text[-3000:]
+    assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", text), text[-3000:]
+    assert (tmp_path / "ddp" / "checkpoint_p0").is_dir()
+
+
 @pytest.mark.doom
 def test_a_rank_that_dies_stops_the_other(tmp_path):
     log = tmp_path / "log.txt"
