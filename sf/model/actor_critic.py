@@ -48,6 +48,15 @@ class StepOutput(NamedTuple):
     new_rnn_states: torch.Tensor  # [B, H]
 
 
+def _row_independent(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x), x [B, R] -> [B, N], each row computed the same way whatever the other rows: a matrix product may
+    round a row differently by its place among them (MKL on an AVX-512 Xeon: Linear(64 -> 2) on 4 rows, 1 ulp), which
+    the hts/ppo policy workers' batch-invariant chunks cannot allow. Products, then one reduction per output over the
+    contiguous last dim: B x N x R multiplies, a few thousand for a chunk of rows into small heads."""
+    y = (x.unsqueeze(-2) * layer.weight).sum(-1)
+    return y if layer.bias is None else y + layer.bias
+
+
 class ActorCritic(nn.Module):
     # the image/vector encoders' arithmetic: None (float32) or torch.bfloat16 (torch.autocast); cores and heads compute in
     # float32 from float32 features. Set by the processes that run the model (resolve_precision), not saved.
@@ -118,17 +127,21 @@ class ActorCritic(nn.Module):
                         nn.init.zeros_(p)
 
     # --- heads ---
+    # hts/ppo policy workers (sf.sampling.policy_worker): heads computed row by row, see _row_independent
+    row_independent_heads = False
+
     def _heads(self, x: torch.Tensor, critic_x: torch.Tensor):
         """Actor features x [..., R] and critic features critic_x [..., R] -> (logits [..., L], values [...])."""
+        head = _row_independent if self.row_independent_heads else nn.Linear.__call__
         if len(self.action_heads) == 1:
-            logits = self.action_heads[0](x)
+            logits = head(self.action_heads[0], x)
         else:
-            logits = torch.cat([h(x) for h in self.action_heads], dim=-1)
+            logits = torch.cat([head(h, x) for h in self.action_heads], dim=-1)
         if self.action_log_std is not None:  # logits are the means here
             if self.tanh_scale > 0:
                 logits = torch.tanh(logits / self.tanh_scale) * self.tanh_scale
             logits = torch.cat([logits, self.action_log_std.expand_as(logits)], dim=-1)
-        return logits, self.critic(critic_x).squeeze(-1)
+        return logits, head(self.critic, critic_x).squeeze(-1)
 
     def _core_sequence(self, core: nn.Module, feats: torch.Tensor, rnn_states: torch.Tensor, dones: torch.Tensor,
                        recurrence: int, cut_dones: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -57,6 +57,7 @@ class PolicyWorker:
         self.group_size = env_slots.shape[1] // cfg.worker_num_splits  # agents per group
         self.random_policy = cfg.random_policy
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
+        self.model.row_independent_heads = self.sync  # (the chunks' rows must not depend on each other's bits)
         run_precision(cfg, self.model, self.device, deterministic=self.sync)
         self.model.cast_for_inference()  # weights cast once per published version, not once per forward
         self.version = -1

@@ -184,3 +184,21 @@ def test_returns_normalizer_denormalizes_values():
         step = model.forward_step({k: v[:, 0] for k, v in obs.items()}, h[:, 0]).values
     torch.testing.assert_close(values, raw * (4.0 + 1e-5) ** 0.5 + 10.0)
     torch.testing.assert_close(step, values[:, 0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("width,outputs", [(64, 2), (64, 3), (512, 6), (128, 1), (100, 21)])
+def test_row_independent_heads_give_each_row_the_same_bits_wherever_it_is(width, outputs):
+    """The hts/ppo policy workers' heads: a row's output is the same bits alone, first or last among other rows (a
+    plain Linear may round it by its place: seen with MKL on an AVX-512 Xeon for Linear(64 -> 2) on 4 rows), and the
+    values are the Linear's within rounding."""
+    from sf.model.actor_critic import _row_independent
+    torch.manual_seed(width + outputs)
+    layer = torch.nn.Linear(width, outputs)
+    x = torch.randn(width)
+    alone = _row_independent(layer, x.unsqueeze(0))[0]
+    for rows in (2, 4, 7, 16):
+        for place in (0, rows // 2, rows - 1):
+            batch = torch.randn(rows, width)
+            batch[place] = x
+            assert torch.equal(_row_independent(layer, batch)[place], alone), (rows, place)
+    torch.testing.assert_close(alone, layer(x), rtol=1e-5, atol=1e-6)
