@@ -146,7 +146,7 @@ class APPO:
         cut_dones = mb.get(DONES_HOST)  # a CUDA batch's dones in host memory: the RNN's cuts without a device read
         if cut_dones is not None:
             cut_dones = torch.nn.functional.pad(cut_dones, (0, 1))
-        normalize_returns = getattr(model, "returns_normalizer", None) is not None and cfg.normalize_returns
+        normalize_returns = self._normalizes_returns()
 
         logits, values = model.forward_sequence(mb["obs"], mb["rnn_states"], seq_dones, cfg.recurrence,
                                                 normalized_values=normalize_returns, cut_dones=cut_dones)
@@ -255,6 +255,10 @@ class APPO:
             behavior_values = model.returns_normalizer.normalize(behavior_values)
         return targets, advantages, behavior_values
 
+    def _normalizes_returns(self) -> bool:
+        """Whether the critic learns normalized returns (--normalize_returns, on a model that has the normalizer)."""
+        return getattr(self.model, "returns_normalizer", None) is not None and self.cfg.normalize_returns
+
     @torch.no_grad()
     def _batch_targets(self, experience: dict, version: int) -> dict:
         """--sample_minibatches (GAE): the whole batch's targets before its first epoch, TARGET_KEYS -> [N, T] each,
@@ -265,7 +269,7 @@ class APPO:
         last = model.forward_step({k: x[:, t_len] for k, x in experience["obs"].items()},
                                   experience["rnn_states"][:, t_len])  # (values in returns' units)
         v = torch.cat([experience["values"].t(), last.values.float().unsqueeze(0)])  # [T+1, N]
-        normalize_returns = getattr(model, "returns_normalizer", None) is not None and self.cfg.normalize_returns
+        normalize_returns = self._normalizes_returns()
         out = self._targets(experience, v, None, experience["log_probs"].t(), valid, normalize_returns)
         return {k: x.t() for k, x in zip(TARGET_KEYS, out)}
 
