@@ -134,8 +134,10 @@ class ImageEncoder(nn.Module):
         the float32 values to it anyway (uint8 frames: exactly), so one conversion pass instead of two. On CPU also
         NHWC when the later layers are: oneDNN's bfloat16 convolution then writes NHWC itself (no reorder after
         it); the first conv + ELU + second conv of the Doom model took 1.08 instead of 1.30 ms at 16 frames
-        (forward), 10.0 instead of 11.6 ms with the backward at 64 frames, the same bits. In float32, NHWC from
-        NHWC_INPUT_CHANNELS channels on."""
+        (forward), 10.0 instead of 11.6 ms with the backward at 64 frames. The conversion changes no bit (the values
+        are autocast's rounding); the layout picks another kernel than NCHW's, whose summation order may differ in the
+        last bits (seen on AVX2 without bfloat16 instructions; tests/model/test_precision.py bounds it). In float32,
+        NHWC from NHWC_INPUT_CHANNELS channels on."""
         device = x.device.type
         low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         cpu_nhwc = self.channels_last and device == "cpu" and x.dim() == 4

@@ -139,10 +139,21 @@ def test_cast_for_inference_without_compute_dtype_changes_nothing():
     assert all(v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+def _float32_frames_in_the_layout(self, x: torch.Tensor) -> torch.Tensor:
+    """The oracle's first-conv input: the frames as float32 values in the memory format _conv_input hands the conv (NHWC
+    on CPU), left for autocast to round to its dtype itself."""
+    if self.channels_last and x.device.type == "cpu" and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x.to(torch.float32)
+
+
 def check_first_conv_input(device: str, architecture: str, obs_dtype: torch.dtype) -> None:
-    """ImageEncoder._conv_input hands the first convolution its input in the compute dtype (and NHWC on CPU) at once;
-    oracle: the same encoder fed float32 NCHW frames, which autocast rounds to bfloat16 itself. Forward bits equal;
-    the first conv's weight gradient within float32 summation-order rounding. (tests/gpu: the same on CUDA.)"""
+    """ImageEncoder._conv_input hands the first convolution its input in the compute dtype (and NHWC on CPU) at once.
+    The promise: one conversion pass instead of autocast's, and not one bit changed by it. Oracle: the same encoder fed
+    float32 frames in the same memory format, which autocast rounds to bfloat16 itself: the conv's input values are
+    then equal (bfloat16 rounding of the same float32 values), the same kernel runs, so forward bits and gradient bits
+    are equal on any CPU. (Which layout, NHWC or NCHW, is a choice of kernels with another summation order: that
+    comparison is test_nhwc_first_conv_within_summation_rounding's, within a bound. tests/gpu: the same on CUDA.)"""
     from sf.model.encoders import ImageEncoder, make_image_encoder
     cfg = parse_cfg(["--env", "test_image", "--device", device, "--hidden_size", "32", "--train_dir", "/tmp/unused",
                      "--encoder_conv_architecture", architecture])
@@ -154,22 +165,59 @@ def check_first_conv_input(device: str, architecture: str, obs_dtype: torch.dtyp
         frames += torch.rand(frames.shape, generator=g)
     frames = frames.to(device)
     results = []
-    for as_float32 in (False, True):
+    for conv_input in (ImageEncoder._conv_input, _float32_frames_in_the_layout):
         enc.zero_grad()
-        conv_input = (lambda self, x: x.to(torch.float32)) if as_float32 else ImageEncoder._conv_input
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(ImageEncoder, "_conv_input", conv_input)
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                first = conv_input(enc, frames)
                 out = enc(frames).float()
         out.square().sum().backward()
-        results.append((out.detach(), enc.first_conv.weight.grad.clone(), enc.fc.weight.grad.clone()))
-    (out, w_grad, fc_grad), (ref, ref_w_grad, ref_fc_grad) = results
+        results.append((first.to(torch.bfloat16), out.detach(), enc.first_conv.weight.grad.clone(),
+                        enc.fc.weight.grad.clone()))
+    (first, out, w_grad, fc_grad), (ref_first, ref, ref_w_grad, ref_fc_grad) = results
+    assert first.dtype == torch.bfloat16 and torch.equal(first, ref_first)  # the values the conv reads
+    assert first.is_contiguous(memory_format=torch.channels_last) == (device == "cpu")
     assert torch.equal(out, ref)
+    assert torch.equal(w_grad, ref_w_grad)
     assert torch.equal(fc_grad, ref_fc_grad)
-    torch.testing.assert_close(w_grad, ref_w_grad, rtol=1e-3, atol=1e-3 * ref_w_grad.abs().max().item())
 
 
 @pytest.mark.parametrize("architecture", ["convnet_simple", "resnet_impala"])
 @pytest.mark.parametrize("obs_dtype", [torch.uint8, torch.float32])
 def test_autocast_first_conv_input_same_bits_as_float32_input(architecture, obs_dtype):
     check_first_conv_input("cpu", architecture, obs_dtype)
+
+
+@pytest.mark.parametrize("obs_dtype", [torch.uint8, torch.float32])
+def test_nhwc_first_conv_within_summation_rounding(obs_dtype):
+    """On CPU the first conv reads NHWC where autocast alone would read NCHW: another oneDNN kernel, another order of
+    summation (on an AVX2 CPU without bfloat16 instructions the two differ in the last bits; with AVX512-BF16 they may
+    agree). The bound, derived: each output is a sum of K = C kh kw products of bfloat16 values, exact in float32; the
+    two float32 sums differ by at most gamma_K * sum |w x| (gamma_K = K u / (1 - K u), u = 2^-24), and each is then
+    rounded to bfloat16 (8 significant bits), which may move two sums on either side of a rounding boundary one unit of
+    the last place apart: |a - b| <= gamma_K sum |w x| + ulp(max(|a|, |b|)), ulp(v) <= 2^-7 |v|."""
+    from sf.model.encoders import make_image_encoder
+    cfg = parse_cfg(["--env", "test_image", "--device", "cpu", "--hidden_size", "32", "--train_dir", "/tmp/unused"])
+    torch.manual_seed(0)
+    enc = make_image_encoder(cfg, (3, 36, 64))
+    g = torch.Generator().manual_seed(2)
+    frames = torch.randint(0, 256, (5, 3, 36, 64), dtype=torch.uint8, generator=g).to(obs_dtype)
+    if obs_dtype.is_floating_point:
+        frames += torch.rand(frames.shape, generator=g)
+    conv = enc.first_conv
+    weight, bias = enc._first_weight_bias()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        nhwc_input = enc._conv_input(frames)
+        assert nhwc_input.is_contiguous(memory_format=torch.channels_last)
+        nhwc = torch.nn.functional.conv2d(nhwc_input, weight, bias, stride=conv.stride, padding=conv.padding).float()
+        nchw = torch.nn.functional.conv2d(frames.float(), weight, bias, stride=conv.stride, padding=conv.padding).float()
+    with torch.no_grad():  # sum |w x| (+ |b|), in float64 from the bfloat16 values both kernels multiplied
+        x64 = frames.to(torch.bfloat16).double().abs()
+        w64 = weight.detach().to(torch.bfloat16).double().abs()
+        b64 = bias.detach().to(torch.bfloat16).double().abs() if bias is not None else None
+        magnitude = torch.nn.functional.conv2d(x64, w64, b64, stride=conv.stride, padding=conv.padding)
+    k = weight[0].numel() + 1  # (+ 1: the bias)
+    u = 2.0 ** -24
+    bound = (k * u / (1 - k * u)) * magnitude + 2.0 ** -7 * torch.maximum(nhwc.abs(), nchw.abs()).double()
+    assert ((nhwc.double() - nchw.double()).abs() <= bound).all()
