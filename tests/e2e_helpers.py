@@ -2,6 +2,7 @@
 root, tiny-budget flags, starting a run and waiting on its log, its children's pids, leftover shared memory, a free
 TCP port for a process group's rendezvous, a skip where an env cannot run here, and a fixture's directory made once
 for the session's parallel processes."""
+import contextlib
 import fcntl
 import os
 import re
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +33,20 @@ def start_train(args, log_path: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT / 'tests' / 'runner'}:{ROOT}")
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT,
                             cwd=ROOT, env=env)
+
+
+def tagged(tag: str) -> list[int]:
+    """Live processes (zombies excluded) whose environment carries SF_TEST_RUN_TAG=tag (every process of a run)."""
+    needle = f"SF_TEST_RUN_TAG={tag}".encode()
+    found = []
+    for pid in psutil.pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read() and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    found.append(pid)
+        except (OSError, psutil.Error):
+            pass
+    return found
 
 
 def trained_frames(text: str) -> int:
@@ -113,6 +129,18 @@ def engine_files(engines: list) -> set:
     for e in engines:
         names |= {f.name for f in engine_shm_files(e.cmdline())}
     return names
+
+
+@contextlib.contextmanager
+def cpu_hogs(n: int):
+    """`n` CPU-bound processes beside the test (a busy shared machine), killed at the end."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield hogs
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
 
 
 def free_port() -> int:

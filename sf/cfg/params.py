@@ -173,6 +173,12 @@ RUNTIME_PARAMS: list[Param] = [
           "killed and replaced (without self-healing the run stops with a checkpoint); one that computes gets 6x as "
           "long, one that waits for a CPU is left alone with a warning (0: never)", scope="train", min_value=0.0,
           max_value=604800.0),
+    Param("sigterm_grace_sec", float, 30.0, "A SIGTERM (Slurm's scancel or time limit, torchrun stopping its ranks, "
+          "timeout(1)) is followed by SIGKILL after a grace period (Slurm's KillWait and torchrun's shutdown timeout: "
+          "30 s by default): the run's stop after a SIGTERM ends within it, the learner's final checkpoint included "
+          "when it can be written in time (else the last one written stays the run's). Ctrl-C and the end of the budget "
+          "wait for the final checkpoint as long as it progresses (0: a SIGTERM too)", scope="train", min_value=0.0,
+          max_value=604800.0),
     Param("max_restarts_per_hour", int, 10, "Self-healing: a rollout worker, policy worker or learner that dies (a "
           "signal, an exception, a stall) is replaced in place and the run goes on; more deaths than this of one "
           "process kind within an hour end the run with a checkpoint (a crash loop). 0: any death stops the run. "

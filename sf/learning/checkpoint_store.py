@@ -37,7 +37,7 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -122,7 +122,8 @@ class CheckpointManager:
     _told_read_only: set[tuple[Path, tuple]] = set()
 
     def __init__(self, exp_dir: Path, policy_id: int = 0, keep_checkpoints: int = 2, save_best_metric: str = "reward",
-                 log: logging.Logger = logging.getLogger("sf.checkpoint"), read_only: bool = False):
+                 log: logging.Logger = logging.getLogger("sf.checkpoint"), read_only: bool = False,
+                 progress: Callable[[], None] | None = None):
         if keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
         self.dir = Path(exp_dir) / f"checkpoint_p{policy_id}"
@@ -131,6 +132,7 @@ class CheckpointManager:
         self.metric = save_best_metric
         self.log = log
         self.read_only = read_only
+        self.progress = progress  # called as a checkpoint's bytes go out (the learner's heartbeat: a slow disk is no stall)
         # path -> ((size, mtime_ns, inode), CheckpointInfo or None, reason or None): each file is read once while it is
         # unchanged. None info with a reason: rejected but could not be moved aside (e.g. read-only directory).
         self._verified: dict[Path, tuple[tuple, CheckpointInfo | None, str | None]] = {}
@@ -352,7 +354,7 @@ class CheckpointManager:
         """
         try:
             # not hidden: the temp name starts like the final one, so _clean_temp_files finds what a killed save left
-            write_atomic(final, lambda f: torch.save(state, f), hidden=False)
+            write_atomic(final, lambda f: torch.save(state, f), hidden=False, progress=self.progress)
         except Exception as e:  # noqa: BLE001 - only I/O failures are turned into a one-line error
             failure = _write_failure(e)
             if failure is None:

@@ -125,7 +125,10 @@ class Learner:
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=policy_id, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric,
-                                             read_only=not self.writes)  # data-parallel: rank 0's directory
+                                             read_only=not self.writes,  # data-parallel: rank 0's directory
+                                             # a save beats as its bytes go out: the runner waits for a final save
+                                             # that moves, however slow the disk (sf/runner/stopping.py)
+                                             progress=lambda: self.state.beat(self.heartbeat))
         self.frames_per_traj = cfg.rollout * frameskip
         self.trajs_per_batch = self.shape.trajs_per_batch
         self.version, self.env_steps = 0, 0
@@ -358,6 +361,11 @@ class Learner:
         return stops == 0
 
     def finish(self) -> None:
+        """The final checkpoint (the runner waits for it while this learner beats: sf/runner/stopping.py), the final
+        weights' digest, FINISHED."""
+        self.state.beat(self.heartbeat)
+        if PAUSE_AT:
+            pause("learner_final_save")
         if self.population:  # the runner's last decisions: in force in the final checkpoint too
             self.apply_population_updates(last=True)
         self.save(final=True)

@@ -13,6 +13,8 @@ Points (where a kill is hardest on the bookkeeping, sf/runner/healing.py):
                                     the full one is handed on (the group's other agents have not made this step yet)
     learner_two_batches_out         a learner finished an SGD step of a batch while the next batch waits for it: two
                                     batches copied out of shared memory (their slots freed), neither counted as trained
+    learner_final_save              a learner asked to stop is about to write its final checkpoint (a learner that
+                                    hangs there is killed after the stall bound: sf/runner/stopping.py)
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ class ReportReader:
         self.cfg, self.queue, self.stats, self.state = cfg, queue, stats, state
         self.stack_files, self.on_error = stack_files, on_error
         self.num_policies = cfg.num_policies
+        self.final_checkpoints: set[str] = set()  # the paths learners reported as their final checkpoint (the Done line)
         self.handlers: dict[str, Callable[[tuple], None]] = {}  # kind -> handler(message), for kinds not above
 
     def drain(self) -> None:
@@ -55,6 +56,8 @@ class ReportReader:
             self.stack_files[msg[1]] = msg[2]
         elif kind == "checkpoint":
             log.info("Saved %scheckpoint %s", "final " if msg[2] else "", msg[1])
+            if msg[2]:
+                self.final_checkpoints.add(msg[1])
         elif kind == "final_weights":
             who = f"policy {msg[4]}, " if self.num_policies > 1 else "policy "
             log.info("Final weights sha256: %s (%sversion %d, %d env frames)", msg[1], who, msg[2], msg[3])

@@ -54,6 +54,7 @@ from sf.runner.queues import close_queues, learner_queues, make_queues, policy_q
 from sf.runner.reports import ReportReader
 from sf.runner.serial import run_serial
 from sf.runner.stats import RunStats, format_duration, progress_bar
+from sf.runner.stopping import checkpoint_note, sigterm_deadline, stop_processes
 from sf.runner.supervision import TRACE_LOG, child_main, kill_adopted, worker_context
 from sf.runner.watchdog import StallWatchdog
 from sf.sampling.policy_worker import run_policy_worker
@@ -61,7 +62,6 @@ from sf.sampling.rollout_worker import run_rollout_worker
 from sf_envs.registry import env_spec, process_leftover_files
 
 log = logging.getLogger("sf")
-STOP_TIMEOUT_SEC = 8.0  # the learner's final save included; stragglers are killed after it (budget: 10 s)
 
 
 def run_training(cfg) -> int:
@@ -201,6 +201,7 @@ class Runner:
         self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
         self.exit_code = 0
         self.stop_requests = StopRequests()  # SIGINT/SIGTERM requests counted (interrupts)
+        self.sigterm_at: float | None = None  # time.monotonic() of the first SIGTERM: the stop fits its grace period
         self.reported: set[str] = set()  # processes whose death was already reported (one line each)
         self.causes: dict[str, str] = {}  # process -> how it failed (its exception, a stall), for its restart line
         self.reports = ReportReader(cfg, self.queues.report, self.stats, self.state, self.stack_files, self._crashed)
@@ -361,28 +362,26 @@ class Runner:
 
     def _log_done(self, start: float) -> None:
         """The last line: the experiment's counters (a learner that never started leaves its checkpoint's), this run's
-        time and rate."""
+        time and rate, and the checkpoints on disk as they are (checkpoint_note: final, or the last one kept, or none)."""
         frames = sum(max(now, before) for now, (_, before) in zip(self.state.policy_env_steps(), self.resumed))
         versions = [max(p.version, int(self.state.learner[i, VERSION])) for i, p in enumerate(self.stats.policies)]
         wall = time.time() - start
         rate = (frames - self.stats.start_frames) / max(wall, 1e-9)
+        board = f"TensorBoard: tensorboard --logdir {self.exp_dir.parent}"
+        saved = (f"{checkpoint_note(self.exp_dir, self.policies, self.reports.final_checkpoints)}; {board}"
+                 if self.world.rank == 0 or not self.data_parallel else "(rank 0 writes the checkpoints)")
         if self.data_parallel:
             log.info("Done (rank %d of %d): %d env frames in %s (%.0f frames/s), policy version %d; all ranks: %d env "
                      "frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall), rate,
-                     versions[0], max(self.trained_frames(), self.world.world_size * frames),
-                     f"Checkpoints: {self.exp_dir / 'checkpoint_p0'}; TensorBoard: tensorboard --logdir "
-                     f"{self.exp_dir.parent}" if self.world.rank == 0 else "(rank 0 writes the checkpoints)")
+                     versions[0], max(self.trained_frames(), self.world.world_size * frames), saved)
         elif self.num_policies == 1:
-            log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. Checkpoints: %s; TensorBoard: "
-                     "tensorboard --logdir %s", frames, format_duration(wall), rate, versions[0],
-                     self.exp_dir / "checkpoint_p0", self.exp_dir.parent)
+            log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. %s", frames, format_duration(wall),
+                     rate, versions[0], saved)
         else:  # (a population under torchrun: this rank's policies, in its own experiment directory)
             here = (f"rank {self.world.rank} of {self.world.world_size}: policies {', '.join(map(str, self.policies))}"
                     if self.world.distributed else "all policies")
-            log.info("Done: %d env frames (%s) in %s (%.0f frames/s), policy versions %s. Checkpoints: %s; "
-                     "TensorBoard: tensorboard --logdir %s", frames, here, format_duration(wall), rate,
-                     ", ".join(str(versions[p]) for p in self.policies), self.exp_dir / "checkpoint_p*",
-                     self.exp_dir.parent)
+            log.info("Done: %d env frames (%s) in %s (%.0f frames/s), policy versions %s. %s", frames, here,
+                     format_duration(wall), rate, ", ".join(str(versions[p]) for p in self.policies), saved)
 
     # --- supervise ---
     def supervise(self, start: float) -> None:
@@ -512,6 +511,8 @@ class Runner:
         return self.stop_requests.count
 
     def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGTERM and self.sigterm_at is None:  # a scheduler's: its SIGKILL follows after a grace
+            self.sigterm_at = time.monotonic()                     # period, the stop's deadline (a repeat included)
         if not self.stop_requests.receive(signum):  # the same request again (timeout: to the process and its group)
             return
         if self.interrupts > 1:  # second Ctrl-C: exit at once
@@ -524,21 +525,12 @@ class Runner:
 
     # --- stop ---
     def stop_processes(self) -> None:
-        """Ask everyone to stop, let the learner write its final checkpoint, then reap every process."""
-        self.state.request_stop()
-        deadline = time.time() + STOP_TIMEOUT_SEC
-        learners = [(p, self.procs.get(learner_name(p, self.num_policies))) for p in range(self.num_policies)]
-        while time.time() < deadline and any(proc is not None and proc.is_alive() and self.state.learner[p, FINISHED] == 0
-                                             for p, proc in learners):
-            self.reports.drain()
-            time.sleep(0.05)
-        for p in self.procs.values():
-            p.join(timeout=max(0.1, deadline - time.time()))
-        for name, p in self.procs.items():
-            if p.is_alive():
-                log.warning("%s did not stop in time; killing it", name)
-                kill_tree(p)
-                p.join(timeout=2)
+        """Ask everyone to stop; wait for each learner's final checkpoint while it progresses, the others a bounded
+        time; after a SIGTERM, everything within --sigterm_grace_sec (sf/runner/stopping.py)."""
+        learners = {learner_name(p, self.num_policies): p for p in self.policies}
+        if stop_processes(self.procs, self.state, learners, self.reports.drain, self.watchdog.stuck_in_stop,
+                          lambda: sigterm_deadline(self.sigterm_at, self.cfg.sigterm_grace_sec)):
+            self.exit_code = 1  # a learner killed before its final checkpoint: the Done line names the one kept
 
     def _audit_slots(self) -> None:
         if any(p.is_alive() for p in self.procs.values()):

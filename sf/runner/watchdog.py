@@ -64,36 +64,68 @@ class StallWatchdog:
         timeout = self.cfg.stall_timeout_sec
         if timeout <= 0 or self.state.stopping():
             return True
+        self._look()
+        for name, p in self.procs.items():
+            stuck = self._judge(name, p, timeout)
+            if stuck is not None and not self._stuck(name, p, *stuck, healing):
+                return False
+        return True
+
+    def stuck_in_stop(self, name: str) -> str | None:
+        """While the run stops: why `name` (a learner finishing its batch and writing its final checkpoint, which beats
+        as its bytes go out) is stuck, by the same judgement as while training (a slow disk or a starved learner is
+        waited for), its stack logged; None while it is not (or --stall_timeout_sec 0: never)."""
+        timeout = self.cfg.stall_timeout_sec
+        if timeout <= 0:
+            return None
+        self._look()
+        stuck = self._judge(name, self.procs[name], timeout)
+        if stuck is None:
+            return None
+        idle, limit, allowed, busy, silence = stuck
+        why = self._why(limit, allowed, busy)
+        log.error("%s gave no sign of life for %.0f s while stopping (%s): it is stuck. %s. Its stack:\n%s", name, idle,
+                  why, silence.describe(idle), read_stack(self.procs[name].pid, self.stack_files.get(name)))
+        return f"gave no sign of life for {idle:.0f} s ({why})"
+
+    def _look(self) -> None:
         now = time.monotonic()
         if now - self.last_watch > 5.0:  # the runner itself was stopped (Ctrl-Z, then fg) or starved: all silence so far
             self.state.beat_all()         # is nobody's fault
         self.last_watch = now
-        for name, p in self.procs.items():
-            idle = self.state.seconds_since_beat(name)
-            if idle < timeout / 2:
-                self.silence.pop(name, None)
-                continue
-            silence = self.silence.get(name)
-            if silence is None:  # half-way: from here on, its state tells stuck from busy or starved
-                self.silence[name] = Silence(p.pid, idle)
-                continue
-            silence.sample()
-            limit, allowed = self._limit(name, silence, timeout)
-            if idle > limit and p.is_alive():
-                runnable, ran = silence.shares(idle)
-                if runnable > BUSY_SHARE and ran < BUSY_SHARE and not silence.stopped:
-                    if name not in self.starved_warned:
-                        self.starved_warned.add(name)
-                        log.warning("%s gave no sign of life for %.0f s but is waiting for a CPU, not stuck: the machine "
-                                    "is oversubscribed (other runs or jobs?); not repeated for this process. %s", name,
-                                    idle, silence.describe(idle))
-                    continue
-                busy = (runnable > BUSY_SHARE or ran > BUSY_SHARE) and not silence.stopped
-                if busy and idle < BUSY_GRACE * limit:
-                    continue  # computing without a beat: a long step, maybe
-                if not self._stuck(name, p, idle, limit, allowed, busy, silence, healing):
-                    return False
-        return True
+
+    def _judge(self, name: str, p, timeout: float) -> tuple | None:
+        """(idle, limit, allowed, busy, silence) if `name` is stuck; None if it beat lately, is silent for less than its
+        limit, computes within its grace, or waits for a CPU (starved: warned once)."""
+        idle = self.state.seconds_since_beat(name)
+        if idle < timeout / 2:
+            self.silence.pop(name, None)
+            return None
+        silence = self.silence.get(name)
+        if silence is None:  # half-way: from here on, its state tells stuck from busy or starved
+            self.silence[name] = Silence(p.pid, idle)
+            return None
+        silence.sample()
+        limit, allowed = self._limit(name, silence, timeout)
+        if idle <= limit or not p.is_alive():
+            return None
+        runnable, ran = silence.shares(idle)
+        if runnable > BUSY_SHARE and ran < BUSY_SHARE and not silence.stopped:
+            if name not in self.starved_warned:
+                self.starved_warned.add(name)
+                log.warning("%s gave no sign of life for %.0f s but is waiting for a CPU, not stuck: the machine is "
+                            "oversubscribed (other runs or jobs?); not repeated for this process. %s", name, idle,
+                            silence.describe(idle))
+            return None
+        busy = (runnable > BUSY_SHARE or ran > BUSY_SHARE) and not silence.stopped
+        if busy and idle < BUSY_GRACE * limit:
+            return None  # computing without a beat: a long step, maybe
+        return idle, limit, allowed, busy, silence
+
+    def _why(self, limit: float, allowed: str, busy: bool) -> str:
+        timeout = self.cfg.stall_timeout_sec
+        why = f"--stall_timeout_sec {timeout:g}" if limit == timeout else f"{allowed}: {limit:g} s allowed"
+        return why + (f", {BUSY_GRACE:g}x for a process that computes" if busy else "")
 
     def _limit(self, name: str, silence: Silence, timeout: float) -> tuple[float, str]:
         """(seconds of silence allowed to `name`, why more than --stall_timeout_sec where it is)."""
@@ -111,11 +143,8 @@ class StallWatchdog:
                healing: bool) -> bool:
         """`name` is stuck: its stack to the log, then killed (healing: its replacement follows) or the run stopped
         (False)."""
-        timeout = self.cfg.stall_timeout_sec
         self.drain_reports()  # the stack file of a process that only just started
-        why = f"--stall_timeout_sec {timeout:g}" if limit == timeout else f"{allowed}: {limit:g} s allowed"
-        if busy:
-            why += f", {BUSY_GRACE:g}x for a process that computes"
+        why = self._why(limit, allowed, busy)
         log.error("%s gave no sign of life for %.0f s (%s): it is stuck; %s. %s. Its stack:\n%s", name, idle,
                   why, "killing and replacing it" if healing else "stopping the run", silence.describe(idle),
                   read_stack(p.pid, self.stack_files.get(name)))

@@ -5,7 +5,8 @@ flushed and fsynced, the file is renamed over the final name (`os.replace`: atom
 fsynced (POSIX persists a directory entry only once the directory is synced). A failure at any point removes the
 temporary file and leaves the final name as it was: the old content or nothing.
 
-    write_atomic(path, write)        the bytes `write(f)` puts in a binary file object (torch.save, savefig, ...)
+    write_atomic(path, write)        the bytes `write(f)` puts in a binary file object (torch.save, savefig, ...);
+                                     `progress`: called as the bytes go out (a slow disk is not a hung writer)
     write_bytes_atomic / write_text_atomic / write_json_atomic
     replace_durably(tmp, final)      a file finished under a temporary name (a video) given its final name
     fsync_dir(d)                     make a rename in d durable
@@ -23,6 +24,7 @@ import errno
 import json
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
@@ -35,18 +37,47 @@ def temp_path(path: Path, hidden: bool = True) -> Path:
     return path.parent / f"{'.' if hidden else ''}{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], Any], hidden: bool = True) -> Path:
+class ProgressFile:
+    """A binary file object that writes in chunks of CHUNK bytes and calls `progress()` after each (and around the
+    fsync): the writer of a large file on a slow disk shows it is moving (a learner's final checkpoint: its heartbeat).
+    SF_TEST_WRITE_BYTES_PER_SEC (tests only, read once at import) makes it a disk that slow."""
+    CHUNK = 1 << 20
+
+    def __init__(self, f: BinaryIO, progress: Callable[[], None]):
+        self.f, self.progress = f, progress
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        for i in range(0, len(view), self.CHUNK):
+            chunk = view[i:i + self.CHUNK]
+            self.f.write(chunk)
+            if _TEST_BYTES_PER_SEC:
+                time.sleep(len(chunk) / _TEST_BYTES_PER_SEC)
+            self.progress()
+        return len(view)
+
+    def __getattr__(self, name: str):  # flush, fileno, tell, seek...: the file's own
+        return getattr(self.f, name)
+
+
+_TEST_BYTES_PER_SEC = float(os.environ.get("SF_TEST_WRITE_BYTES_PER_SEC", "0") or 0)
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], Any], hidden: bool = True,
+                 progress: Optional[Callable[[], None]] = None) -> Path:
     """Write `path` atomically (see the module docstring) with what `write(f)` writes into the binary file `f`.
     The directory must exist. Any exception (an OSError, or one of `write`) removes the temporary file and is
-    raised as it is."""
+    raised as it is. `progress`: called after every chunk written and after the fsync (ProgressFile)."""
     path = Path(path)
     tmp = temp_path(path, hidden)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode: the umask decides, as for open()
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            write(f if progress is None else ProgressFile(f, progress))
             f.flush()
             os.fsync(f.fileno())
+        if progress is not None:
+            progress()
         os.replace(tmp, path)
     except BaseException:
         try:

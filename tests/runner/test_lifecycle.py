@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from e2e_helpers import ROOT, shm_files, shm_left_behind
+from e2e_helpers import ROOT, shm_files, shm_left_behind, tagged
 
 pytestmark = pytest.mark.e2e
 
@@ -28,20 +28,6 @@ def start(args, log_path: Path, tag: str, new_session: bool = False) -> subproce
     env = dict(os.environ, PYTHONUNBUFFERED="1", SF_TEST_RUN_TAG=tag)
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], stdout=open(log_path, "w"),
                             stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=new_session)
-
-
-def tagged(tag: str) -> list[int]:
-    """Live processes (zombies excluded) whose environment carries the tag."""
-    needle = f"SF_TEST_RUN_TAG={tag}".encode()
-    found = []
-    for pid in psutil.pids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read() and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    found.append(pid)
-        except (OSError, psutil.Error):
-            pass
-    return found
 
 
 def wait_until(pred, timeout: float) -> bool:
@@ -135,7 +121,8 @@ def test_serial_mode_runs_layouts_with_more_envs_than_two_batches(tmp_path):
                          ids=["ctrl_c", "ctrl_c_serial", "sigterm", "sigterm_every_process"])
 def test_signal_to_the_process_group(tmp_path, sig, serial, every_process):
     """Ctrl-C in a terminal signals the whole foreground process group, and so do `timeout` and batch systems with
-    SIGTERM, not only train.py: the run still stops in order within 10 s, exit 0, with the learner's final checkpoint,
+    SIGTERM, not only train.py: the run still stops in order (SIGTERM: within its grace period), exit 0, with the
+    learner's final checkpoint,
     no traceback, nothing left. Slurm's scancel and requeue signal every process of the job, each one, whatever its
     group (every_process): the workers and the fork server leave the stop to the runner (the learner was killed before
     it saved, with the fork server)."""
@@ -155,13 +142,14 @@ def test_signal_to_the_process_group(tmp_path, sig, serial, every_process):
                     pass
         else:
             os.killpg(p.pid, sig)
-        rc = p.wait(timeout=30)
+        rc = p.wait(timeout=120)
         took = time.time() - t0
     finally:
         p.kill()
     console = log.read_text()
     assert rc == 0, console[-3000:]
-    assert took < 10, took
+    if sig == signal.SIGTERM:  # a deadline, not a speed: a scheduler's SIGKILL follows (--sigterm_grace_sec 30)
+        assert took < 30, took
     assert "Traceback" not in console and "KeyboardInterrupt" not in console, console[-3000:]
     assert "Saved final checkpoint" in console
     assert wait_until(lambda: not tagged(tag), 10.0)
