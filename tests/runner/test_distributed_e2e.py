@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from e2e_helpers import ROOT, SMALL, free_port, trained_frames, wait_for
+from e2e_helpers import ROOT, SMALL, free_port, shm_files, shm_left_behind, trained_frames, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,8 @@ def digests(text: str) -> dict:
 
 def rank_pids(text: str) -> dict:
     """rank -> the pid of its runner (the pid field of its log lines)."""
-    return {int(r): int(p) for p, r in re.findall(r"\]\[(\d+)\]\[rank (\d)\]\[INFO\] Data-parallel rank", text)}
+    return {int(r): int(p) for p, r in re.findall(r"\]\[(\d+)\]\[rank (\d)\]\[INFO\] (?:Data-parallel rank|Rank \d of)",
+                                                    text)}
 
 
 def tree(pid: int) -> list:
@@ -128,15 +129,21 @@ def test_ctrl_c_stops_both_ranks_with_a_checkpoint(tmp_path):
     wait_for(lambda: gone(procs), 20, "every process of both ranks to exit")
 
 
-def test_a_killed_torchrun_stops_its_ranks_with_a_checkpoint(tmp_path):
-    """SIGKILL of torchrun alone (not its process group): its orphaned ranks stop by themselves, with rank 0's final
-    checkpoint, instead of training on unseen until their budget."""
+@pytest.mark.parametrize("population", [[], ["--num_policies", "4", "--with_pbt", "True", "--pbt_period_env_steps",
+                                                "2000"]], ids=["data_parallel", "population_pbt"])
+def test_a_killed_torchrun_stops_its_ranks_with_a_checkpoint(tmp_path, population):
+    """SIGKILL of torchrun alone (not its process group): its orphaned ranks stop by themselves, with their final
+    checkpoints (data-parallel: rank 0's; a population with PBT across the ranks, whose store dies with torchrun: each
+    rank's policies'), nothing left in /dev/shm, instead of training on unseen until their budget."""
     log = tmp_path / "log.txt"
-    p = start_torchrun(args(tmp_path, "test_corridor", "--train_for_seconds", "600"), log)
+    before = shm_files()
+    p = start_torchrun(args(tmp_path, "test_corridor", "--train_for_seconds", "600", *population), log)
     procs = []
+    training = ([r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), [1-9]\d* trained"] if not population else
+                [rf"\[rank {r}\]\[INFO\] Fps is .*\n\s+policy \d: version [1-9]" for r in (0, 1)])
     try:
-        wait_for(lambda: re.search(r"All 2 ranks: \d+ env frames collected \([\d.]+ frames/s\), [1-9]\d* trained",
-                                   log.read_text()), 180, "both ranks to train")
+        wait_for(lambda: all(re.search(t, log.read_text()) for t in training),
+                 180, "both ranks to train", log)
         ranks = rank_pids(log.read_text())
         assert set(ranks) == {0, 1}
         procs = [q for pid in ranks.values() for q in tree(pid)]
@@ -153,8 +160,15 @@ def test_a_killed_torchrun_stops_its_ranks_with_a_checkpoint(tmp_path):
     # the first rank to see it stops, and its data-parallel peer with it (if it has not seen it yet itself)
     assert re.search(r"\[rank [01]\]\[ERROR\] This rank's launcher \(pid \d+, torchrun\) is gone: stopping", text), \
         text[-3000:]
-    assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", text), text[-3000:]
-    assert (tmp_path / "ddp" / "checkpoint_p0").is_dir()
+    if not population:
+        assert re.search(r"\[rank 0\]\[INFO\] Saved final checkpoint", text), text[-3000:]
+        assert (tmp_path / "ddp" / "checkpoint_p0").is_dir()
+    else:  # (no learners' group: each rank sees its launcher gone by itself)
+        for rank in (0, 1):
+            assert f"[rank {rank}][ERROR] This rank's launcher" in text, text[-3000:]
+        saved = set(re.findall(r"\[rank (\d)\]\[INFO\] Saved final checkpoint \S+/checkpoint_p(\d)/", text))
+        assert saved == {("0", "0"), ("0", "2"), ("1", "1"), ("1", "3")}, text[-3000:]
+    assert not shm_left_behind(before)
 
 
 @pytest.mark.doom
