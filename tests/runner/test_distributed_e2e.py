@@ -151,7 +151,8 @@ def test_a_killed_torchrun_stops_its_ranks_with_a_checkpoint(tmp_path, populatio
         p.wait(timeout=10)
         wait_for(lambda: gone(procs), 90, "both orphaned ranks to stop")
     finally:
-        for q in procs:  # (a failure: nothing left running)
+        p.kill()  # (a failure before the kill: torchrun and its ranks, nothing left running)
+        for q in procs:
             try:
                 q.kill()
             except psutil.Error:
