@@ -217,6 +217,11 @@ LEARNING_PARAMS: list[Param] = [
           min_value=1, max_value=2**24),
     Param("num_batches_per_epoch", int, 1, "Minibatches per training batch", scope="train", min_value=1,
           max_value=65536),
+    Param("num_batches_to_accumulate", int, 2, "Asynchronous mode: training batches the learner may hold out of "
+          "shared memory (the one training and those waiting) before experience collection stops; it resumes when a "
+          "batch is trained on. Bounds the policy lag when the learner is the bottleneck (Sample Factory's semantics "
+          "and default; collection that ran ahead filled every spare slot with experience several SGD steps stale)",
+          scope="train", min_value=1, max_value=1000),
     Param("shuffle_minibatches", str2bool, True, "With several minibatches per batch, each epoch draws them from the "
           "batch's trajectories in a random order (seeded by --seed); False: in storage order, as Sample Factory's "
           "default does", scope="train"),

@@ -128,7 +128,6 @@ SF_FLAGS: list[SFFlag] = [
              "Factory's default True)"),
     _ignored("decorrelate_experience_max_seconds", 'internals', int, _DECORRELATE),
     _ignored("decorrelate_envs_on_one_worker", 'internals', str2bool, _DECORRELATE),
-    _ignored("num_batches_to_accumulate", 'internals', int, _BUFFERS),
     _ignored("num_minibatches_to_accumulate", 'internals', int, _BUFFERS),
     _ignored("traj_buffers_excess_ratio", 'internals', float, _BUFFERS),
     _ignored("batched_sampling", 'internals', str2bool, "a rollout worker steps its envs one by one; the policy workers batch "

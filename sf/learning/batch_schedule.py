@@ -50,7 +50,9 @@ class AsyncSchedule:
     def train(self, experience) -> None:
         learner = self.learner
         learner.apply_population_updates()
-        learner.trained(learner.sgd(experience))
+        stats = learner.sgd(experience)
+        learner.state.batch_trained(learner.policy_id)  # collection resumes at once (before a periodic save)
+        learner.trained(stats)
 
     def run(self) -> None:
         """Process mode: batcher thread + training loop until the runner asks to stop; then the final save."""

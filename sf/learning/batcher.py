@@ -7,9 +7,11 @@ copies them out of shared memory onto the device and, in async mode, returns the
 
 In process mode (async) it runs in a thread of its own (`start_thread`) and hands batches to the training loop through
 a one-element queue (`next_batch`); it copies a batch out only while that queue is empty: while one batch trains and one
-waits, it stops taking slots, the free list runs dry and rollout workers pause (backpressure) instead of memory growing
-or experience going stale. At most one batch trains, one waits and the spare slots fill: policy lag stays within about
-three training batches' worth of SGD steps.
+waits, it stops taking slots, the free list runs dry and rollout workers pause (backpressure) instead of memory growing.
+Staleness is bounded earlier: each batch copied out is counted (SharedState.batches_out), and while
+--num_batches_to_accumulate batches are out (default 2: one training, one waiting) the policy's workers serve no request,
+so no experience is gathered with weights that several SGD steps will have replaced by the time it trains (policy lag
+about one batch's SGD steps, as Sample Factory's; without the pause every spare slot filled ahead: about three).
 """
 from __future__ import annotations
 
@@ -28,15 +30,17 @@ from sf.processes.slot_ledger import CENSUS_PAUSE_SEC, SlotLedger
 
 class Batcher:
     def __init__(self, buffers, queues, ledger: SlotLedger, device, policy_id: int, trajs_per_batch: int,
-                 frames_per_traj: int, masks_steps: bool, schedule, recycled: Callable[[int], None] | None = None):
+                 frames_per_traj: int, masks_steps: bool, schedule, recycled: Callable[[int], None] | None = None,
+                 copied: Callable[[], None] | None = None):
         """queues: .learner (this policy's queue of full slots), .free (the free list). schedule: the learner's batch
         schedule (order_batch, frees_slots). masks_steps: mark the steps this policy acted (experience["own"]).
         recycled: --sampler_only (a benchmark): the slots go back to the free list as they come, untrained, and this is
-        called with their env frames."""
+        called with their env frames. copied: called in process mode for every batch copied out (SharedState's
+        batches_out: the policy workers pause while --num_batches_to_accumulate are out)."""
         self.buffers, self.queues, self.ledger, self.device = buffers, queues, ledger, device
         self.policy_id, self.held = policy_id, slot_held(policy_id)
         self.trajs_per_batch, self.frames_per_traj = trajs_per_batch, frames_per_traj
-        self.masks_steps, self.schedule, self.recycled = masks_steps, schedule, recycled
+        self.masks_steps, self.schedule, self.recycled, self.copied = masks_steps, schedule, recycled, copied
         self.pending: list[int] = []  # slots taken, not yet copied out
         self.batches: queue.Queue | None = None  # process mode: the batch copied out and waiting (start_thread)
         self._stop, self._thread = threading.Event(), None
@@ -106,6 +110,8 @@ class Batcher:
                 time.sleep(0.005)
                 continue
             exp = self.collect(timeout=0.1)
+            if exp is not None and self.copied is not None:
+                self.copied()
             while exp is not None and not stop.is_set():
                 try:
                     batches.put(exp, timeout=0.1)

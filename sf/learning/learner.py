@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import logging
 import math
 import time
@@ -139,7 +140,8 @@ class Learner:
         self.ledger = SlotLedger(shared_state, name, policy_id)  # (its moves of slots: the batcher's)
         self.batcher = Batcher(buffers, queues, self.ledger, self.device, policy_id, self.trajs_per_batch,
                                self.frames_per_traj, self.masks_steps, self.schedule,
-                               recycled=self._count_recycled if cfg.sampler_only else None)
+                               recycled=self._count_recycled if cfg.sampler_only else None,
+                               copied=functools.partial(shared_state.batch_copied, policy_id))
         if replacement:
             self._take_over()
         elif self.data_parallel:
@@ -148,6 +150,7 @@ class Learner:
             self._load_checkpoint()
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
         self.ledger.start_released(self.env_steps)  # SharedState.released: none copied out and untrained yet
+        self.state.batch_trained(policy_id, all_out=True)  # none out either (a predecessor's died with it): collection on
         self.publish(self.version)
 
     @property

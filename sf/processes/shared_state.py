@@ -19,6 +19,11 @@ is a view of one shared storage (sf.utils.packed), so that a process receiving t
                                     is pending replaces it, none is lost)
     shaping         [P, K]  float64 per policy: reward-shaping coefficients of the env (K = len(shaping_keys); 0 for envs
                                     without shaping), which rollout workers pass to an agent's env at its episode start
+    batches_out     [P, 2]  int64   per policy: training batches its learner copied out of shared memory, and those
+                                    it trained on (async): while copied - trained reaches --num_batches_to_accumulate,
+                                    its policy workers serve no request (collection paced by the learner, as Sample
+                                    Factory's stop_experience_collection): experience is not gathered far ahead of the
+                                    weights that will train on it (policy lag)
     world_frames    [2]     float64 data-parallel runs (torchrun): env frames trained and collected by all ranks, as the
                                     learners last agreed (sf/distributed.py); zeros otherwise
     heartbeats      [X]     float64 time.monotonic() of each process's last sign of life (learners, policy workers,
@@ -110,6 +115,7 @@ class SharedState:
         self.worker_frames = torch.zeros(num_workers, dtype=torch.int64)
         self.learner = torch.zeros((num_policies, 3), dtype=torch.float64)
         self.world_frames = torch.zeros(2, dtype=torch.float64)
+        self.batches_out = torch.zeros((num_policies, 2), dtype=torch.int64)
         self.best_metric = torch.zeros((num_policies, 2), dtype=torch.float64)
         self.sync_ready = torch.zeros(1, dtype=torch.int64)
         self.hyperparams = torch.full((num_policies, len(HYPERPARAMS)), float("nan"), dtype=torch.float64)
@@ -139,6 +145,7 @@ class SharedState:
         self.epoch_np, self.epoch_go_np = self.epoch.numpy(), self.epoch_go.numpy()
         self.serving_np, self.slot_owner_np = self.serving.numpy(), self.slot_owner.numpy()
         self.moving_np, self.census_np, self.released_np = self.moving.numpy(), self.census.numpy(), self.released.numpy()
+        self.batches_out_np = self.batches_out.numpy()
 
     def __getstate__(self) -> dict:  # views are rebuilt in the receiving process (pickled, numpy's would be copies)
         return {k: v for k, v in self.__dict__.items() if not k.endswith("_np") and k not in self._packed.views}
@@ -190,6 +197,19 @@ class SharedState:
 
     def seconds_since_beat(self, name: str) -> float:
         return time.monotonic() - float(self._heartbeats_np[self._heartbeat_slots[name]])
+
+    def batch_copied(self, policy: int) -> None:
+        """Policy `policy`'s learner copied a training batch out (its batcher thread: the only writer of this count)."""
+        self.batches_out_np[policy, 0] += 1
+
+    def batch_trained(self, policy: int, all_out: bool = False) -> None:
+        """Policy `policy`'s learner trained on a batch (its training thread: the only writer of this count); all_out:
+        none is out any more (a replacement learner: what its predecessor copied out died with it)."""
+        self.batches_out_np[policy, 1] = self.batches_out_np[policy, 0] if all_out else self.batches_out_np[policy, 1] + 1
+
+    def collection_paused(self, policy: int, limit: int) -> bool:
+        """Whether policy `policy`'s learner has `limit` training batches out (copied, not yet trained on)."""
+        return int(self.batches_out_np[policy, 0] - self.batches_out_np[policy, 1]) >= limit
 
     def request_stop(self) -> None:
         self.stop[0] = 1

@@ -21,6 +21,11 @@ Self-healing: a request is (w, epoch * splits + g); one of an epoch the runner h
 worker died, or another policy worker did) is dropped unanswered. SharedState.serving counts batches begun and finished
 (odd while serving one): the runner waits for a batch begun before it voided an epoch before it reuses that worker's
 slots or lets it ask again.
+
+Pacing (async): while its learner has --num_batches_to_accumulate training batches out of shared memory (copied, not
+yet trained on: SharedState.batches_out), a policy worker serves no request, and the rollout workers waiting on it
+pause: collection follows the learner instead of filling every spare slot with experience that several SGD steps will
+have made stale by the time it trains (Sample Factory's stop_experience_collection).
 """
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ import torch
 from sf.model.action_spaces import ACTION_MASK_KEY, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic, run_precision
 from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
+
+PACED_POLL_SEC = 0.002  # how often a paused policy worker looks whether its learner took a batch
 
 
 class PolicyWorker:
@@ -253,6 +260,11 @@ def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slo
                           policy_id, shared_state)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
     shared_state.set_started(heartbeat)
+    # async: no request served while the learner has --num_batches_to_accumulate batches out (SharedState.batches_out)
+    paced = 0 if worker.sync else cfg.num_batches_to_accumulate
     while not shared_state.stopping() and runner_alive():
         shared_state.beat(heartbeat)
+        if paced and shared_state.collection_paused(policy_id, paced):
+            time.sleep(PACED_POLL_SEC)
+            continue
         worker.run_once(timeout=0.1)

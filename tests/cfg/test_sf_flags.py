@@ -320,7 +320,7 @@ def test_supported_values_of_selecting_flags_are_accepted_silently(tmp_path):
 
 def test_ignored_flags_are_noted_not_stored(tmp_path):
     cfg = _parse(tmp_path, "--benchmark", "--summaries_use_frameskip=False", "--decorrelate_experience_max_seconds=120",
-                 "--decorrelate_envs_on_one_worker=True", "--num_batches_to_accumulate=2",
+                 "--decorrelate_envs_on_one_worker=True", "--num_minibatches_to_accumulate=2",
                  "--actor_worker_gpus", "0", "1")
     notes = cfg._notes
     assert "--benchmark True: ignored; Sample Factory's benchmark mode; see --sampler_only, --random_policy" in notes
@@ -331,8 +331,8 @@ def test_ignored_flags_are_noted_not_stored(tmp_path):
     assert all("\n" not in n for n in notes)
     saved = json.loads(save_cfg(cfg, tmp_path / "e").read_text())
     assert not {"benchmark", "summaries_use_frameskip", "decorrelate_experience_max_seconds", "actor_worker_gpus"} & set(saved)
-    with pytest.raises(ConfigError, match=r"^--num_batches_to_accumulate: expected an integer, got 'x'$"):
-        _parse(tmp_path, "--num_batches_to_accumulate=x")  # the type is still checked
+    with pytest.raises(ConfigError, match=r"^--num_minibatches_to_accumulate: expected an integer, got 'x'$"):
+        _parse(tmp_path, "--num_minibatches_to_accumulate=x")  # the type is still checked
 
 
 def test_every_sf_flag_is_classified_once_and_never_shadows_a_parameter():
