@@ -127,3 +127,28 @@ def test_ctrl_c_beside_cpu_hogs_ends_with_a_final_checkpoint_and_nothing_left(tm
         assert f"Final checkpoint: {final}" in line_with(text, "Done: ")
         wait_for(lambda: not tagged(tag), 30, "every process of the run to exit")
     assert not shm_left_behind(before)
+
+
+def test_a_second_ctrl_c_during_a_slow_final_save_exits_at_once(tmp_path):
+    """The wait for a slow final save is no trap: a second Ctrl-C exits at once (130), every process gone, nothing in
+    /dev/shm, and the checkpoint written before stays whole (atomic writes: the save cut short leaves only its .tmp)."""
+    from sf.learning.checkpoint_store import CheckpointManager
+    before = shm_files()
+    p, log, tag = start(tmp_path, ["--train_for_seconds", "600", "--save_every_sec", "1"],
+                        {"SF_TEST_WRITE_BYTES_PER_SEC": str(SLOW_DISK)})
+    try:
+        wait_for(lambda: "Saved checkpoint" in log.read_text(), 240, "a periodic checkpoint", log)
+        os.killpg(p.pid, signal.SIGINT)
+        wait_for(lambda: "stopping (final checkpoint)" in log.read_text(), 60, "the first Ctrl-C's line", log)
+        time.sleep(1.0)  # (a Ctrl-C repeated within half a second is the same request)
+        os.killpg(p.pid, signal.SIGINT)
+        rc = p.wait(timeout=60)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert rc == 130, text[-3000:]
+    assert "Saved final checkpoint" not in text
+    wait_for(lambda: not tagged(tag), 30, "every process of the run to exit")
+    kept = CheckpointManager(tmp_path / "e", policy_id=0, read_only=True).latest()
+    assert kept, list((tmp_path / "e" / "checkpoint_p0").iterdir())
+    assert not shm_left_behind(before)
