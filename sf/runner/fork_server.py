@@ -21,8 +21,12 @@ from sf.processes.control import die_with_parent, set_process_name  # noqa: E402
 set_process_name("fork_server")  # top, ps: sf:fork_server (each worker renames itself at start)
 # It exits when the runner's end of its pipe closes, but reads that pipe only once its preloading (torch, the warm-up
 # below: seconds, more on a loaded machine) is over: a runner SIGKILLed during start-up would leave it running that
-# long. The kernel ends it with the runner instead (a worker it forked asks the same for itself).
+# long. The kernel ends it with the runner instead (a worker it forked asks the same for itself). A runner that died
+# before this line (Python's start-up and train.py's imports come first: seconds beside a CPU-bound process) sends no
+# signal any more: its orphan, adopted by another process, exits here.
 die_with_parent()
+if os.getppid() != int(os.environ.get("SF_FORK_SERVER_PARENT", os.getppid())):
+    os._exit(0)
 
 # Every worker is forked from this process, so it must never initialize CUDA: a child of a process that did cannot
 # use CUDA ("initialization error"). torch.cuda.is_available() calls cudaGetDeviceCount, which initializes the driver,
