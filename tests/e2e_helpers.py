@@ -3,6 +3,7 @@ root, tiny-budget flags, starting a run and waiting on its log, its children's p
 TCP port for a process group's rendezvous, a skip where an env cannot run here, and a fixture's directory made once
 for the session's parallel processes."""
 import contextlib
+import datetime
 import fcntl
 import os
 import re
@@ -33,6 +34,11 @@ def start_train(args, log_path: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT / 'tests' / 'runner'}:{ROOT}")
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT,
                             cwd=ROOT, env=env)
+
+
+def log_time(line: str) -> float:
+    """The time of a run's console line, from its [YYYY-MM-DD HH:MM:SS] prefix (to the second)."""
+    return datetime.datetime.strptime(line[1:20], "%Y-%m-%d %H:%M:%S").timestamp()
 
 
 def tagged(tag: str) -> list[int]:

@@ -28,7 +28,7 @@ from sf.processes.shared_state import FINISHED
 log = logging.getLogger("sf")
 STOP_TIMEOUT_SEC = 8.0  # processes other than the learners: then killed
 AFTER_FINAL_SAVE_SEC = 2.0  # a learner that finished its final save, to exit (before: a kill would be harmless, but noise)
-SIGTERM_MARGIN_SEC = 3.0  # of --sigterm_grace_sec, for the runner's own exit (at most a quarter of the grace)
+SIGTERM_MARGIN_SEC = 5.0  # of --sigterm_grace_sec, for the runner's own exit (at most a quarter of the grace)
 WAIT_NOTE_SEC = 10.0  # a console line this often while a learner's final save goes on
 
 
@@ -76,11 +76,12 @@ def stop_processes(procs: dict, state, learners: dict[str, int], drain: Callable
         others_by = min(others_by, hard)
     for p in procs.values():
         p.join(timeout=max(0.1, others_by - time.monotonic()))
-    for name, p in procs.items():
-        if p.is_alive():
-            log.warning("%s did not stop in time; killing it", name)
-            kill_tree(p)
-            p.join(timeout=2)
+    stragglers = [(name, p) for name, p in procs.items() if p.is_alive()]
+    for name, p in stragglers:  # all killed first, then reaped: the SIGTERM deadline holds however many they are
+        log.warning("%s did not stop in time; killing it", name)
+        kill_tree(p)
+    for _, p in stragglers:
+        p.join(timeout=2)
     return killed
 
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from e2e_helpers import ROOT, shm_files, shm_left_behind, tagged
+from e2e_helpers import ROOT, log_time, shm_files, shm_left_behind, tagged
 
 pytestmark = pytest.mark.e2e
 
@@ -88,17 +88,19 @@ def test_learner_failing_at_start_up_ends_the_run_in_one_line(tmp_path, serial):
     _break_optimizer_state(max((tmp_path / "e" / "checkpoint_p0").glob("checkpoint_*.pth")))
     tag = uuid.uuid4().hex
     log = tmp_path / "console.txt"
-    t0 = time.time()
     p = start([*args, "--train_for_env_steps", "100000", "--serial_mode", str(serial)], log, tag)
     try:
-        rc = p.wait(timeout=60)
+        rc = p.wait(timeout=180)
     finally:
         p.kill()
     console = log.read_text()
     assert rc == 1, console[-3000:]
-    assert time.time() - t0 < 30
     crash = [line for line in console.splitlines() if "crashed:" in line]
     assert len(crash) == 1 and "optimizer state that does not fit" in crash[0], console[-3000:]
+    # the run ends at once after the crash, whatever the machine's load made of its start-up (beside a CPU-bound
+    # process the fork server's imports alone took 16 s): its Done line within the others' stop budget (8 s) of it
+    done = next(line for line in console.splitlines() if "Done: " in line)
+    assert log_time(done) - log_time(crash[0]) <= 10, console[-3000:]
     assert "Traceback" not in console
     assert "Traceback" in (tmp_path / "e" / "sf_log.txt").read_text()
     assert wait_until(lambda: not tagged(tag), 10.0)

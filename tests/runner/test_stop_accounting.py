@@ -34,7 +34,7 @@ def test_a_checkpoint_saved_with_progress_loads_as_one_saved_without(tmp_path):
 def test_sigterm_deadline_leaves_the_runner_a_margin_of_the_grace():
     assert sigterm_deadline(None, 30.0) is None  # no SIGTERM
     assert sigterm_deadline(100.0, 0.0) is None  # --sigterm_grace_sec 0: as Ctrl-C
-    assert sigterm_deadline(100.0, 30.0) == 127.0  # 3 s for the runner's own exit
+    assert sigterm_deadline(100.0, 30.0) == 125.0  # 5 s for the runner's own exit
     assert sigterm_deadline(100.0, 4.0) == 103.0  # at most a quarter of a short grace
 
 
