@@ -18,6 +18,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NAME = 15
 _parent_pid = None  # this child's parent when it started (set by sf.runner.supervision.child_main via set_parent)
+RUNNER_PID_VAR = "SF_FORK_SERVER_PARENT"  # the runner's pid, in the environment of the fork server it starts
 _leftover_hooks: list = []
 
 

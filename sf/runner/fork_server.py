@@ -16,7 +16,7 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)  # before the line above took effec
 # exits on EOF). Each worker installs its own SIGTERM handler at start (supervision.child_main).
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-from sf.processes.control import die_with_parent, set_process_name  # noqa: E402
+from sf.processes.control import RUNNER_PID_VAR, die_with_parent, runner_alive, set_parent, set_process_name  # noqa: E402
 
 set_process_name("fork_server")  # top, ps: sf:fork_server (each worker renames itself at start)
 # It exits when the runner's end of its pipe closes, but reads that pipe only once its preloading (torch, the warm-up
@@ -25,7 +25,8 @@ set_process_name("fork_server")  # top, ps: sf:fork_server (each worker renames 
 # before this line (Python's start-up and train.py's imports come first: seconds beside a CPU-bound process) sends no
 # signal any more: its orphan, adopted by another process, exits here.
 die_with_parent()
-if os.getppid() != int(os.environ.get("SF_FORK_SERVER_PARENT", os.getppid())):
+set_parent(int(os.environ.get(RUNNER_PID_VAR, os.getppid())))
+if not runner_alive():
     os._exit(0)
 
 # Every worker is forked from this process, so it must never initialize CUDA: a child of a process that did cannot

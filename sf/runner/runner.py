@@ -41,7 +41,7 @@ from sf.model.action_spaces import check_action_mask
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.control import StopRequests, add_leftover_hook, become_subreaper, bind_device, kill_tree
 from sf.processes.fds import MAX_FDS_SENT, fds_sent
-from sf.processes.shared_state import FINISHED, VERSION, SharedState, learner_name, policy_worker_name
+from sf.processes.shared_state import VERSION, SharedState, learner_name, policy_worker_name
 from sf.runner import tracking
 from sf.runner.experiment_lock import ExperimentLock, run_holding
 from sf.runner.healing import Healer, audit_slots, exit_cause, memory_mib, process_kind

@@ -91,19 +91,17 @@ def checkpoint_note(exp_dir: Path, policies: list[int], finals: set[str]) -> str
     there is none."""
     parts = []
     for p in policies:
-        final = next((f for f in finals if Path(f).parent.name == f"checkpoint_p{p}"), None)
-        if final is not None:
-            parts.append((p, "final", Path(final)))
-            continue
-        kept = CheckpointManager(exp_dir, policy_id=p, read_only=True).latest()
-        parts.append((p, "kept", kept[0] if kept else None))
+        manager = CheckpointManager(exp_dir, policy_id=p, read_only=True)
+        final = next((Path(f) for f in finals if Path(f).parent == manager.dir), None)
+        kept = None if final is not None else next(iter(manager.latest()), None)
+        parts.append((p, manager.dir, "final" if final is not None else "kept", final or kept))
     if len(policies) == 1:
-        _, what, path = parts[0]
+        _, folder, what, path = parts[0]
         if what == "final":
             return f"Final checkpoint: {path}"
         return (f"No final checkpoint; the last one kept: {path}" if path is not None else
-                f"No checkpoint written: {exp_dir / f'checkpoint_p{policies[0]}'} holds none")
+                f"No checkpoint written: {folder} holds none")
     return f"Checkpoints in {exp_dir}: " + ", ".join(
         f"policy {p} final {path.parent.name}/{path.name}" if what == "final" else
         f"policy {p} no final (kept {path.parent.name}/{path.name})" if path is not None else f"policy {p} none written"
-        for p, what, path in parts)
+        for p, _, what, path in parts)

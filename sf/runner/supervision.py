@@ -24,8 +24,8 @@ import traceback
 
 import psutil
 
-from sf.processes.control import (ParentDied, _raise_parent_died, die_with_parent, kill_processes, runner_alive,
-                                 set_parent, set_process_name)
+from sf.processes.control import (RUNNER_PID_VAR, ParentDied, _raise_parent_died, die_with_parent, kill_processes,
+                                 runner_alive, set_parent, set_process_name)
 
 # torchrun (data-parallel ranks, sf/distributed.py): every line names its rank
 _RANK = f"[rank {os.environ.get('RANK', '0')}]" if os.environ.get("WORLD_SIZE", "1") != "1" else ""
@@ -45,9 +45,6 @@ def kill_adopted(own_children: set) -> None:
     kill_processes([child for child in children if child.pid not in own_children])
 
 
-FORK_SERVER_PARENT = "SF_FORK_SERVER_PARENT"  # the runner's pid, for the fork server it starts
-
-
 def worker_context(env_modules: list[str]):
     """The multiprocessing context every worker starts from: a fork server, started once, that has imported torch, our
     worker modules and `env_modules` (what making one env imported, e.g. vizdoom). A worker forked from it starts in
@@ -59,7 +56,7 @@ def worker_context(env_modules: list[str]):
     import torch.multiprocessing
     ctx = torch.multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["__main__", "sf.runner.fork_server", *env_modules])
-    os.environ[FORK_SERVER_PARENT] = str(os.getpid())  # (sf/runner/fork_server.py: is its parent still alive?)
+    os.environ[RUNNER_PID_VAR] = str(os.getpid())  # (sf/runner/fork_server.py: is its parent still alive?)
     multiprocessing.forkserver.ensure_running()  # now: it is one of the runner's own children, not an adopted orphan
     return ctx
 

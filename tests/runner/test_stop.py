@@ -30,6 +30,22 @@ def start(tmp_path: Path, extra: list, env: dict | None = None) -> tuple[subproc
     return p, log, tag
 
 
+def start_with_a_checkpoint(tmp_path: Path, extra: list, env: dict) -> tuple[subprocess.Popen, Path, str]:
+    """start(), once the run has written a periodic checkpoint (every second: the one a cut final save leaves)."""
+    p, log, tag = start(tmp_path, ["--train_for_seconds", "600", "--save_every_sec", "1", *extra], env)
+    try:
+        wait_for(lambda: "Saved checkpoint" in log.read_text(), 240, "a periodic checkpoint", log)
+    except BaseException:
+        p.kill()
+        raise
+    return p, log, tag
+
+
+def assert_done_names_the_checkpoint_kept(tmp_path: Path, text: str) -> None:
+    kept = sorted((tmp_path / "e" / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert kept and f"No final checkpoint; the last one kept: {kept[-1]}" in line_with(text, "Done: "), text[-2000:]
+
+
 def line_with(text: str, needle: str) -> str:
     return next(line for line in text.splitlines() if needle in line)
 
@@ -60,10 +76,9 @@ def test_a_learner_hung_in_its_final_save_is_killed_after_the_stall_bound(tmp_pa
     pause_dir = tmp_path / "pause"
     pause_dir.mkdir()
     with cpu_hogs(2):
-        p, log, _ = start(tmp_path, ["--train_for_seconds", "600", "--save_every_sec", "1", "--stall_timeout_sec", "4"],
-                          {"SF_TEST_PAUSE_AT": "learner_final_save", "SF_TEST_PAUSE_DIR": str(pause_dir)})
+        p, log, _ = start_with_a_checkpoint(tmp_path, ["--stall_timeout_sec", "4"], {
+            "SF_TEST_PAUSE_AT": "learner_final_save", "SF_TEST_PAUSE_DIR": str(pause_dir)})
         try:
-            wait_for(lambda: "Saved checkpoint" in log.read_text(), 180, "a periodic checkpoint", log)
             os.killpg(p.pid, signal.SIGINT)
             rc = p.wait(timeout=180)
         finally:
@@ -75,18 +90,16 @@ def test_a_learner_hung_in_its_final_save_is_killed_after_the_stall_bound(tmp_pa
                      r"Its main thread", text), text[-3000:]
     assert "learner gave no sign of life" in text and "killing it: its final checkpoint is not written" in text
     assert "Saved final checkpoint" not in text
-    kept = sorted((tmp_path / "e" / "checkpoint_p0").glob("checkpoint_*.pth"))
-    assert kept and f"No final checkpoint; the last one kept: {kept[-1]}" in line_with(text, "Done: "), text[-2000:]
+    assert_done_names_the_checkpoint_kept(tmp_path, text)
 
 
 def test_a_sigterm_stop_fits_its_grace_period(tmp_path):
     """Slurm and torchrun send SIGKILL 30 s after SIGTERM (here --sigterm_grace_sec 12): a final save that would take
     ~17 s is cut at the deadline (9 s), the runner is gone within the grace, the Done line names the checkpoint kept."""
     with cpu_hogs(2):
-        p, log, tag = start(tmp_path, ["--train_for_seconds", "600", "--save_every_sec", "1",
-                                       "--sigterm_grace_sec", "12"], {"SF_TEST_WRITE_BYTES_PER_SEC": str(SLOW_DISK)})
+        p, log, _ = start_with_a_checkpoint(tmp_path, ["--sigterm_grace_sec", "12"],
+                                            {"SF_TEST_WRITE_BYTES_PER_SEC": str(SLOW_DISK)})
         try:
-            wait_for(lambda: "Saved checkpoint" in log.read_text(), 240, "a periodic checkpoint", log)
             t0 = time.monotonic()
             os.kill(p.pid, signal.SIGTERM)
             rc = p.wait(timeout=120)
@@ -97,8 +110,7 @@ def test_a_sigterm_stop_fits_its_grace_period(tmp_path):
     assert took < 12, (took, text[-3000:])  # a deadline, not a speed: past it a scheduler's SIGKILL would come
     assert rc == 1, text[-3000:]
     assert "learner has not finished its final checkpoint within --sigterm_grace_sec after SIGTERM; killing it" in text
-    kept = sorted((tmp_path / "e" / "checkpoint_p0").glob("checkpoint_*.pth"))
-    assert kept and f"No final checkpoint; the last one kept: {kept[-1]}" in line_with(text, "Done: "), text[-2000:]
+    assert_done_names_the_checkpoint_kept(tmp_path, text)
 
 
 def test_ctrl_c_beside_cpu_hogs_ends_with_a_final_checkpoint_and_nothing_left(tmp_path):
@@ -128,10 +140,8 @@ def test_a_second_ctrl_c_during_a_slow_final_save_exits_at_once(tmp_path):
     /dev/shm, and the checkpoint written before stays whole (atomic writes: the save cut short leaves only its .tmp)."""
     from sf.learning.checkpoint_store import CheckpointManager
     before = shm_files()
-    p, log, tag = start(tmp_path, ["--train_for_seconds", "600", "--save_every_sec", "1"],
-                        {"SF_TEST_WRITE_BYTES_PER_SEC": str(SLOW_DISK)})
+    p, log, tag = start_with_a_checkpoint(tmp_path, [], {"SF_TEST_WRITE_BYTES_PER_SEC": str(SLOW_DISK)})
     try:
-        wait_for(lambda: "Saved checkpoint" in log.read_text(), 240, "a periodic checkpoint", log)
         os.killpg(p.pid, signal.SIGINT)
         wait_for(lambda: "stopping (final checkpoint)" in log.read_text(), 60, "the first Ctrl-C's line", log)
         time.sleep(1.0)  # (a Ctrl-C repeated within half a second is the same request)
