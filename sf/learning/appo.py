@@ -54,6 +54,7 @@ LOSS_KEYS = ("loss", "policy_loss", "value_loss", "exploration_loss", "kl_loss",
 # lr: the rate the step used (Sample Factory's tag train/lr)
 STAT_KEYS = (*LOSS_KEYS, "lr", "lag_min", "lag_avg", "lag_max", "masked_fraction", "num_samples", "num_masked",
              "policy_version")
+SKIPPED = "skipped"  # a step's 1.0 if the optimizer skipped it (read with the stats, then taken out: APPO.last_skipped)
 
 
 def exploration_loss_problem(cfg, action_space) -> Optional[str]:
@@ -139,7 +140,8 @@ class APPO:
         # through the step: the others wait for this rank's gradients; none of them steps if no rank had any)
         # (sync-free steps: the optimizer skips it on the device instead, see _sync_free_steps)
         if self.grad_hook is None and not self._sync_free_steps() and lag_stats[3] == 0:
-            return self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0), False, None
+            out = self._stats(dict(zip(("lag_min", "lag_avg", "lag_max"), lag_stats)), num, 0.0)
+            return {**out, SKIPPED: 1.0}, False, None
         given = TARGET_KEYS[0] in mb  # one-step samples with the batch's targets (sf.learning.sample_minibatches)
         # [n, T+1]: the done of step T is never used (samples: [n, 1], no state after the step)
         seq_dones = mb["dones"] if given else torch.nn.functional.pad(mb["dones"], (0, 1))
@@ -178,10 +180,11 @@ class APPO:
                           normalize_advantage=cfg.normalize_advantage, symmetric_kl=sym_kl, kl=kl,
                           kl_loss_coeff=cfg.kl_loss_coeff)
         LAPS.lap("targets")  # (V-trace or GAE, and the loss)
-        grad_norm, stepped = self._optimizer_step(terms["loss"], lag_stats[3])
+        grad_norm, stepped, skipped = self._optimizer_step(terms["loss"], lag_stats[3])
         out = self._loss_stats(terms, kl, valid, grad_norm, lag_stats[3])
         out.update(zip(("lag_min", "lag_avg", "lag_max"), lag_stats))
-        return self._stats(out, num, lag_stats[3]), stepped, self._schedule_kl(out["kl_divergence"], lag_stats[3])
+        out = {**self._stats(out, num, lag_stats[3]), SKIPPED: skipped}
+        return out, stepped, self._schedule_kl(out["kl_divergence"], lag_stats[3])
 
     def _symmetric_kl(self, dist, logits: torch.Tensor) -> torch.Tensor:
         """[T, n] symmetric KL of the policy's heads from the uniform distribution (logits [T, n, L]); with action
@@ -275,6 +278,7 @@ class APPO:
 
     # None: _sync_free_steps decides by the device; True/False force it (tests: the sync-free path on CPU)
     sync_free: Optional[bool] = None
+    last_skipped = 0  # the optimizer steps the last `train` call skipped (a non-finite gradient, no valid step)
 
     def _sync_free_steps(self) -> bool:
         """Whether SGD steps run without reading a device value on the host: on CUDA, with Adam, on one rank. Then a
@@ -287,10 +291,12 @@ class APPO:
             return self.sync_free
         return self.device.type == "cuda" and self.grad_hook is None and self.optimizer_kind == "adam"
 
-    def _optimizer_step(self, loss: torch.Tensor, num_valid: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    def _optimizer_step(self, loss: torch.Tensor, num_valid: torch.Tensor) -> tuple[torch.Tensor, bool, object]:
         """Backward, gradient hook, clip, optimizer step; num_valid: the minibatch's valid steps (0-d tensor). Returns
-        (gradient norm before clipping, whether it stepped). A non-finite gradient would destroy the weights: the step
-        is skipped (grad_norm shows it); sync-free steps also skip one without valid steps here (see _sgd_step)."""
+        (gradient norm before clipping, whether the host counts it as stepped, 1.0 if the optimizer skipped it else 0.0:
+        sync-free steps, a 0-d device tensor read with the batch's stats). A non-finite gradient would destroy the
+        weights: the step is skipped (grad_norm shows it); sync-free steps also skip one without valid steps here (see
+        _sgd_step)."""
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -302,7 +308,7 @@ class APPO:
         sync_free = self._sync_free_steps()
         self._set_fused(sync_free)
         if sync_free:  # skipped on the device, the way torch.amp.GradScaler skips a step: no update, no step count
-            self.optimizer.found_inf = (~torch.isfinite(grad_norm) | (num_valid == 0)).float()
+            skipped = self.optimizer.found_inf = (~torch.isfinite(grad_norm) | (num_valid == 0)).float()
             try:
                 self.optimizer.step()
             finally:
@@ -312,8 +318,9 @@ class APPO:
             stepped = bool(torch.isfinite(grad_norm)) and (self.grad_hook is None or float(grad_norm) > 0)
             if stepped:
                 self.optimizer.step()
+            skipped = float(not stepped)
         LAPS.lap("optimizer")  # (the gradient hook, clipping, the step)
-        return grad_norm, stepped
+        return grad_norm, stepped, skipped
 
     def _set_fused(self, fused: bool) -> None:
         """Adam's fused implementation (sync-free steps: it takes found_inf) or torch's default (whose bits the host
@@ -479,7 +486,9 @@ class APPO:
                 self._apply_lr()
             schedule.after_epoch(self.base_lr, epoch_kls)
             self._apply_lr()
-        return _host_stats(all_stats)
+        all_stats = _host_stats(all_stats)
+        self.last_skipped = int(sum(s.pop(SKIPPED) for s in all_stats))
+        return all_stats
 
 
 def _host_stats(all_stats: list[dict]) -> list[dict]:

@@ -151,6 +151,8 @@ class Learner:
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
         self.ledger.start_released(self.env_steps)  # SharedState.released: none copied out and untrained yet
         self.state.batch_trained(policy_id, all_out=True)  # none out either (a predecessor's died with it): collection on
+        self.start_sha256 = weights_sha256(self.model)  # the final line says whether training changed them
+        self.sgd_steps = self.skipped_steps = 0  # this process's optimizer steps, and those skipped (APPO.last_skipped)
         self.publish(self.version)
 
     @property
@@ -333,7 +335,9 @@ class Learner:
     def trained(self, stats: list) -> None:
         self.env_steps += self.trajs_per_batch * self.frames_per_traj
         self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
-        self.queues.report.put(("train", stats, self.version, self.env_steps, self.policy_id))
+        skipped = self.appo.last_skipped
+        self.sgd_steps, self.skipped_steps = self.sgd_steps + len(stats), self.skipped_steps + skipped
+        self.queues.report.put(("train", stats, self.version, self.env_steps, self.policy_id, skipped))
         if time.time() - self.last_save > self.cfg.save_every_sec:
             self.save()
         LAPS.lap("report")
@@ -378,7 +382,7 @@ class Learner:
             log.info("Gradient all-reduce: %d calls of %.0f KiB, %.1f ms each, %.1f s in all", hook.calls,
                      hook.nbytes / 1024, 1000 * hook.seconds_total / hook.calls, hook.seconds_total)
         self.queues.report.put(("final_weights", weights_sha256(self.model), self.version, self.env_steps,
-                                self.policy_id))
+                                self.policy_id, self.start_sha256, self.skipped_steps, self.sgd_steps))
         self.state.learner[self.policy_id, FINISHED] = 1.0
 
 

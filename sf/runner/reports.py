@@ -3,9 +3,9 @@
     everyone --(kind, ...)--> report queue --> ReportReader.drain()
 
     ("episodes", worker, [episode stats])       rollout workers   statistics; each policy's best metric (SharedState)
-    ("train", [train stats], version, frames, p) learners          statistics
+    ("train", [train stats], version, frames, p, skipped)          learners: statistics (skipped: optimizer steps)
     ("checkpoint", path, final)                  learners          a log line
-    ("final_weights", sha256, version, frames, p) learners         a log line
+    ("final_weights", sha256, version, frames, p, start sha256, skipped, steps)   learners: a log line
     ("pbt_copied", p, source, copied version, new version)         a log line
     ("pbt_copy_abandoned", p, source, why)                         a warning, and a line of PBT's decisions
     ("stack_file", name, fd)                     every child       where the stall watchdog reads its stack
@@ -51,7 +51,7 @@ class ReportReader:
                     self.state.best_metric[p, 0] = metric
                     self.state.best_metric[p, 1] = self.stats.policies[p].num_episodes
         elif kind == "train":
-            self.stats.add_train(msg[1], msg[2], msg[3], msg[4])
+            self.stats.add_train(msg[1], msg[2], msg[3], msg[4], skipped=msg[5])
         elif kind == "stack_file":
             self.stack_files[msg[1]] = msg[2]
         elif kind == "checkpoint":
@@ -60,7 +60,9 @@ class ReportReader:
                 self.final_checkpoints.add(msg[1])
         elif kind == "final_weights":
             who = f"policy {msg[4]}, " if self.num_policies > 1 else "policy "
-            log.info("Final weights sha256: %s (%sversion %d, %d env frames)", msg[1], who, msg[2], msg[3])
+            changed = "changed from" if msg[1] != msg[5] else "UNCHANGED from"
+            log.info("Final weights sha256: %s (%sversion %d, %d env frames); %s this process's start, %d of %d "
+                     "optimizer steps skipped", msg[1], who, msg[2], msg[3], changed, msg[6], msg[7])
         elif kind == "pbt_copied":  # (policy, source, the source's version copied, the policy's new version)
             log.info("PBT: policy %d now plays with the weights of policy %d (its version %d), as policy "
                      "version %d", *msg[1:5])

@@ -368,20 +368,21 @@ class Runner:
         wall = time.time() - start
         rate = (frames - self.stats.start_frames) / max(wall, 1e-9)
         board = f"TensorBoard: tensorboard --logdir {self.exp_dir.parent}"
+        skipped = self.stats.skipped_note()
         saved = (f"{checkpoint_note(self.exp_dir, self.policies, self.reports.final_checkpoints)}; {board}"
                  if self.world.rank == 0 or not self.data_parallel else "(rank 0 writes the checkpoints)")
         if self.data_parallel:
-            log.info("Done (rank %d of %d): %d env frames in %s (%.0f frames/s), policy version %d; all ranks: %d env "
-                     "frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall), rate,
-                     versions[0], max(self.trained_frames(), self.world.world_size * frames), saved)
+            log.info("Done (rank %d of %d): %d env frames in %s (%.0f frames/s), policy version %d (%s); all ranks: %d "
+                     "env frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall), rate,
+                     versions[0], skipped, max(self.trained_frames(), self.world.world_size * frames), saved)
         elif self.num_policies == 1:
-            log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d. %s", frames, format_duration(wall),
-                     rate, versions[0], saved)
+            log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d (%s). %s", frames,
+                     format_duration(wall), rate, versions[0], skipped, saved)
         else:  # (a population under torchrun: this rank's policies, in its own experiment directory)
             here = (f"rank {self.world.rank} of {self.world.world_size}: policies {', '.join(map(str, self.policies))}"
                     if self.world.distributed else "all policies")
-            log.info("Done: %d env frames (%s) in %s (%.0f frames/s), policy versions %s. %s", frames, here,
-                     format_duration(wall), rate, ", ".join(str(versions[p]) for p in self.policies), saved)
+            log.info("Done: %d env frames (%s) in %s (%.0f frames/s), policy versions %s (%s). %s", frames, here,
+                     format_duration(wall), rate, ", ".join(str(versions[p]) for p in self.policies), skipped, saved)
 
     # --- supervise ---
     def supervise(self, start: float) -> None:

@@ -4,6 +4,7 @@ TensorBoard tags follow Sample Factory's habits (one writer per policy, under tr
     perf/_fps, perf/_sample_throughput, perf/fps_{10,60,300}s, perf/total_frames
     reward/reward{,_min,_max}, len/len{,_min,_max}, reward/score{,...} (unshaped game score)
     train/{policy_loss,value_loss,exploration_loss,kl_loss,entropy,kl_divergence,clip_fraction,grad_norm}
+    train/skipped_steps (optimizer steps skipped so far in this run: a non-finite gradient, no valid step)
     train/lr (the learning rate in force: --learning_rate as --lr_schedule has it)
     train/policy_lag_{min,avg,max} (SGD steps), train/masked_fraction, train/policy_version
     train/policy_lag_batches (hts/ppo modes: one point per training batch, the lag measured on its data)
@@ -45,6 +46,7 @@ class PolicyStats:
         self.lag = {"min": float("nan"), "avg": float("nan"), "max": float("nan")}
         self.version, self.learner_env_steps = version, env_steps
         self.hyperparams: dict[str, float] = {}  # PBT: the values in force, written as p{i}/pbt/<name>
+        self.sgd_steps = self.skipped_steps = 0  # this run's optimizer steps, and those the optimizer skipped
 
     def add_episodes(self, episodes: list[dict]) -> None:
         for ep in episodes:
@@ -53,8 +55,9 @@ class PolicyStats:
                 if k != "policy":
                     self.episodes[k].append(v)
 
-    def add_train(self, stats: list[dict], version: int, env_steps: int) -> None:
+    def add_train(self, stats: list[dict], version: int, env_steps: int, skipped: int = 0) -> None:
         self.train_stats.extend(stats)
+        self.sgd_steps, self.skipped_steps = self.sgd_steps + len(stats), self.skipped_steps + skipped
         if stats:
             self.last_train = stats[-1]
             self.lag = {"min": min(s["lag_min"] for s in stats), "avg": float(np.mean([s["lag_avg"] for s in stats])),
@@ -84,6 +87,7 @@ class PolicyStats:
             for k, v in self.lag.items():
                 scalars[f"train/policy_lag_{k}"] = v
             scalars["train/policy_version"] = self.version
+            scalars["train/skipped_steps"] = self.skipped_steps
             self.train_stats = []
         for k, v in self.hyperparams.items():
             scalars[f"pbt/{k}"] = v
@@ -146,8 +150,13 @@ class RunStats:
             self.policies[p].add_episodes(eps)
         return sorted(by_policy)
 
-    def add_train(self, stats: list[dict], version: int, env_steps: int, policy: int = 0) -> None:
-        self.policies[policy].add_train(stats, version, env_steps)
+    def add_train(self, stats: list[dict], version: int, env_steps: int, policy: int = 0, skipped: int = 0) -> None:
+        self.policies[policy].add_train(stats, version, env_steps, skipped)
+
+    def skipped_note(self) -> str:
+        """The Done line's count of optimizer steps skipped (every policy's): "S of N optimizer steps skipped"."""
+        steps = sum(p.sgd_steps for p in self.policies)
+        return f"{sum(p.skipped_steps for p in self.policies)} of {steps} optimizer steps skipped"
 
     # --- outputs ---
     @property

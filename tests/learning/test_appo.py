@@ -84,8 +84,9 @@ def test_many_epochs_fit_the_batch(with_vtrace, use_rnn):
 def test_versions_callbacks_and_stats():
     cfg, model, exp = setup(n=12, t=8, num_epochs=2, num_batches_per_epoch=3, batch_size=4 * 8)
     seen = []
-    stats = APPO(model, cfg, "cpu").train(exp, policy_version=10, on_sgd_step=seen.append)
-    assert seen == [11, 12, 13, 14, 15, 16]
+    appo = APPO(model, cfg, "cpu")
+    stats = appo.train(exp, policy_version=10, on_sgd_step=seen.append)
+    assert seen == [11, 12, 13, 14, 15, 16] and appo.last_skipped == 0
     assert [s["policy_version"] for s in stats] == [11.0, 12.0, 13.0, 14.0, 15.0, 16.0]
     for s in stats:
         for k in STAT_KEYS:
@@ -297,8 +298,10 @@ def test_fully_masked_minibatch_does_not_step():
     cfg, model, exp = setup(max_policy_lag=3)
     before = copy.deepcopy(model.state_dict())
     seen = []
-    stats = APPO(model, cfg, "cpu").train(exp, policy_version=50, on_sgd_step=seen.append)
+    appo = APPO(model, cfg, "cpu")
+    stats = appo.train(exp, policy_version=50, on_sgd_step=seen.append)
     assert seen == [] and stats[0]["masked_fraction"] == 1.0 and stats[0]["policy_version"] == 50.0
+    assert appo.last_skipped == 1 and set(stats[0]) == set(STAT_KEYS)  # counted, and not among the step's stats
     for k, v in model.named_parameters():
         assert torch.equal(v, before[k]), k
 
@@ -351,13 +354,20 @@ def test_adam_settings():
     assert g["lr"] == 2e-4 and g["betas"] == (0.8, 0.99) and g["eps"] == 1e-5
 
 
-def test_nonfinite_gradient_skips_the_step():
-    cfg, model, exp = setup()
-    exp["rewards"][0, 0] = float("nan")  # a valid sample with a NaN reward
+@pytest.mark.parametrize("sync_free", [False, True], ids=["host", "sync_free"])
+def test_nonfinite_gradient_skips_the_step(sync_free):
+    """The step is skipped, and counted as skipped (APPO.last_skipped: the run's Done line and train/skipped_steps):
+    by the host, the version staying; sync-free (CUDA's path, forced here on the CPU), by the optimizer on the device,
+    the version advancing with the weights unchanged."""
+    cfg, model, exp = setup(num_batches_per_epoch=2, batch_size=4 * 8)
+    exp["rewards"][:, 0] = float("nan")  # a valid sample with a NaN reward in every trajectory: both minibatches
     before = copy.deepcopy(model.state_dict())
     seen = []
-    stats = APPO(model, cfg, "cpu").train(exp, policy_version=0, on_sgd_step=seen.append)
-    assert seen == [] and stats[0]["policy_version"] == 0.0
+    appo = APPO(model, cfg, "cpu")
+    appo.sync_free = sync_free
+    stats = appo.train(exp, policy_version=0, on_sgd_step=seen.append)
+    assert seen == ([1, 2] if sync_free else []) and stats[-1]["policy_version"] == len(seen)
+    assert appo.last_skipped == 2 and set(stats[0]) == set(STAT_KEYS)
     assert not torch.isfinite(torch.tensor(stats[0]["grad_norm"]))
     for k, v in model.named_parameters():
         assert torch.equal(v, before[k]), k

@@ -33,6 +33,11 @@ def test_trains_test_env_and_reports(tmp_path, entry, serial):
     assert all(0 <= x <= 100 for x in lag)
     assert max(v for _, v in scalars["perf/_fps"]) > 0
     assert "Policy lag (min:" in res.stdout
+    # no step skipped: counted in TensorBoard and on the last lines (a run whose every step was skipped trained nothing)
+    assert [v for _, v in scalars["train/skipped_steps"]][-1] == 0
+    steps = int(re.search(r"Done: .*policy version \d+ \(0 of (\d+) optimizer steps skipped\)", res.stdout).group(1))
+    assert steps >= max(versions) and re.search(r"Final weights sha256: .*; changed from this process's start, 0 of "
+                                                rf"{steps} optimizer steps skipped", res.stdout), res.stdout[-2000:]
     assert not shm_left_behind(shm_before)  # no shared memory left behind
 
 
