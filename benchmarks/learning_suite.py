@@ -3,7 +3,7 @@
 task against a published anchor.
 
     python benchmarks/learning_suite.py                         # every task but the slow ones, 3 seeds each
-    python benchmarks/learning_suite.py --tasks all --with_sf   # atari_pong too; Sample Factory 2.1.1's same runs
+    python benchmarks/learning_suite.py --tasks all --with_sf   # every task; Sample Factory 2.1.1 twice on each
     python benchmarks/learning_suite.py --tasks mujoco_hopper doom_basic --seeds 5 --train_dir /data/suite
     python benchmarks/learning_suite.py --quick                 # CI: doom_basic, one seed, a tiny budget (~1 min)
 
@@ -12,16 +12,24 @@ learning_suite.py): the same command again skips the finished runs and resumes t
 and `python -m sf.launch <train_dir>/learning_suite.py --train_dir <train_dir> --summary` prints its table. Each
 finished run's latest checkpoint is then evaluated by `python -m sf.eval` (a fixed number of episodes per task, seed 0,
 sampled actions as in training and Sample Factory's enjoy; the CSV stays in the run's directory, named after the
-checkpoint's frames, and is not redone). Curves: one PNG per task (sf.plot: mean over seeds, band min..max) in the
-sweep's directory.
+checkpoint's frames, and is not redone). Curves: one PNG per task (sf.plot: mean over seeds, band min..max; Sample
+Factory's runs as configurations of their own) in the sweep's directory.
+
+Two tables: the tuning tasks (each family's settings were chosen on them: CHOSEN_ON) and the held-out tasks (no choice
+looked at them; the slow ones run only when named). Report on fresh seeds: --seeds N runs seeds 0..N-1, and the
+choices were made on seeds 100-102 (docs/benchmarks.md says which runs made each one).
 
 Row: budget (env frames, frameskip included), seeds done, the final training average (each run's last average episode
 reward, TensorBoard's reward/reward) and the evaluation's mean return, each as mean ± the 95% Student-t half-width
 over seeds (one seed: the evaluation's over its episodes), the course's rule where it applies (evaluation mean - std
 >= 5, per seed), the anchor and its source, wall time per run (start-up included, all launches of it) and frames/s
 (frames / that wall time) on this machine with sf.launch's layout, and with --with_sf Sample Factory 2.1.1's final
-training average and frames/s for the same task, budget, seeds and rollout workers on the same cores (its own preset,
-.venv-sf; run after ours, one at a time; its results are kept in <sweep>/sf_2.1.1/ and not redone).
+training average and frames/s for the same task, budget, seeds and rollout workers on the same cores (.venv-sf; run
+after ours, one at a time), once per mode: 'same' gives it our run's settings (benchmarks/sf_same_settings.py: its
+flags under our values, so that both sides train the same algorithm), 'defaults' its example trainer's own (what its
+users get); results kept in <sweep>/sf_2.1.1_same/ and <sweep>/sf_2.1.1/, not redone. Then a side-by-side table per
+task and mode: each side's reward at the frames both reached (what the algorithm learns per sample) and at the
+seconds since each one's first summary that both reached (what the user waits for), means over seeds.
 
 Bad input (an unknown task, --seeds below 1, a task whose env cannot run here, --with_sf without Sample Factory's
 Python) is one line on stderr and exit code 2, before anything starts. Exit code 1: a run, an evaluation or a Sample
@@ -69,10 +77,17 @@ class Task:
     slow: bool = False  # left out unless named (or --tasks all)
     max_seeds: Optional[int] = None
     extra: tuple = ()  # more train.py flags
+    held_out: bool = False  # no choice of settings looked at it (the table's own section)
 
 
 MUJOCO = dict(sf_module="sf_examples.mujoco.train_mujoco", sf_needs="mujoco")
 DOOM = dict(sf_module="sf_examples.vizdoom.train_vizdoom", sf_needs="vizdoom")
+ATARI = dict(sf_module="sf_examples.atari.train_atari", sf_needs="ale_py")
+# Held-out Doom scenarios: 1M frames (about 4 minutes of ours on 2 cores), 20 evaluation episodes; no published
+# figure at this budget: the anchor is Sample Factory 2.1.1's own runs (--with_sf)
+HELD_OUT_DOOM = dict(held_out=True, anchor="-", source="Sample Factory 2.1.1 here (--with_sf)", **DOOM)
+# Held-out Atari games and MuJoCo tasks: their presets' budgets, one Atari seed as for Pong (about 45 minutes each)
+HELD_OUT_SLOW = dict(held_out=True, slow=True, anchor="-", source="Sample Factory 2.1.1 here (--with_sf)")
 TASKS = {t.name: t for t in [
     Task("mujoco_halfcheetah", 1_000_000, 100, "1442.6 ± 46.0", CLEANRL_MUJOCO, **MUJOCO),
     Task("mujoco_hopper", 1_000_000, 100, "2382.9 ± 271.7", CLEANRL_MUJOCO, **MUJOCO),
@@ -87,12 +102,31 @@ TASKS = {t.name: t for t in [
     Task("doom_basic", 600_000, 100, "≈ 0.75", SF_CARD, **DOOM),
     # CleanRL counts agent steps: its 10M are 40M frames at frameskip 4, four times this budget
     Task("atari_pong", 10_000_000, 10, "≈ 20.4", "CleanRL ppo_atari_envpool, 10M agent steps (= 40M frames)",
-         sf_module="sf_examples.atari.train_atari", sf_needs="ale_py", slow=True, max_seeds=1),
+         slow=True, max_seeds=1, **ATARI),
+    # --- held out: no setting was chosen looking at these
+    Task("doom_defend_the_line", 1_000_000, 20, **HELD_OUT_DOOM),
+    Task("doom_health_gathering", 1_000_000, 20, **HELD_OUT_DOOM),
+    Task("doom_my_way_home", 1_000_000, 20, **HELD_OUT_DOOM),
+    Task("doom_deadly_corridor", 1_000_000, 20, **HELD_OUT_DOOM),
+    Task("atari_breakout", 10_000_000, 10, max_seeds=1, **HELD_OUT_SLOW, **ATARI),
+    Task("atari_beamrider", 10_000_000, 10, max_seeds=1, **HELD_OUT_SLOW, **ATARI),
+    Task("mujoco_ant", 1_000_000, 100, **HELD_OUT_SLOW, **MUJOCO),
+    Task("mujoco_pendulum", 1_000_000, 100, **HELD_OUT_SLOW, **MUJOCO),
 ]}
+# Where each family's settings were chosen (the table's note; docs/benchmarks.md, Learning, has the runs)
+CHOSEN_ON = {
+    "doom": "Sample Factory 2's Doom defaults, chosen on doom_health_gathering_supreme and doom_defend_the_center "
+            "(the paper's settings stayed at the random policy's reward there); doom_basic's own entry on doom_basic",
+    "atari": "atari_pong",
+    "mujoco": "mujoco_halfcheetah, mujoco_hopper, mujoco_walker (CleanRL's settings; minibatch 128 on seed 1)",
+}
 # --quick (CI): doom_basic's preset on a budget that trains for ~20 s on 2 cores (a smoke test of the whole path: its
 # reward stays near the random policy's), summaries every 2 s so that the short run writes some
 QUICK = Task("doom_basic", 24_000, 5, TASKS["doom_basic"].anchor, TASKS["doom_basic"].source, **DOOM,
              extra=("--experiment_summaries_interval", "2"))
+
+
+SF_MODES = ("same", "defaults")
 
 
 # --- the command line -------------------------------------------------------------------------------------------
@@ -104,8 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", default="3", help="seeds per task, 0..N-1 (atari_pong: one at most; default 3)")
     ap.add_argument("--quick", action="store_true", help="doom_basic, one seed, a tiny budget, 5 evaluation "
                                                         "episodes: the whole path in about a minute (CI)")
-    ap.add_argument("--with_sf", action="store_true", help="also run Sample Factory 2.1.1 on the same tasks, "
-                                                          "budgets and seeds (after ours)")
+    ap.add_argument("--with_sf", nargs="*", default=None, choices=SF_MODES, metavar="MODE",
+                    help="also run Sample Factory 2.1.1 on the same tasks, budgets and seeds (after ours): 'same': "
+                         "with our run's settings (benchmarks/sf_same_settings.py), 'defaults': with its own example "
+                         "trainer's; no MODE: both")
     ap.add_argument("--sf_python", default=str(ROOT / ".venv-sf" / "bin" / "python"),
                     help="a Python with sample-factory 2.1.1 installed (default: .venv-sf)")
     ap.add_argument("--train_dir", default="train_dir", help="root of the suite's sweep directory (default: train_dir)")
@@ -188,11 +224,13 @@ def evaluate(run, episodes: int) -> tuple[Optional[list[float]], str]:
 
 
 # --- Sample Factory 2.1.1 -----------------------------------------------------------------------------------------
-def sf_run(run, task: Task, sf_python: str, sf_dir: Path) -> dict:
+def sf_run(run, task: Task, sf_python: str, sf_dir: Path, mode: str) -> dict:
     """Sample Factory's example trainer on the run's task, budget and seed, with as many rollout workers and the same
-    cores as ours had (sf.launch's launch.json); its result ({'reward', 'frames', 'wall', 'error'}) is kept in
-    sf_dir/<run>.json once it finished without error. Its own --restart_behavior (resume) continues an interrupted
-    one."""
+    cores as ours had (sf.launch's launch.json); mode 'same': with our run's settings where they differ from its
+    defaults (sf_same_settings.translate), 'defaults': with its own. Its result ({'reward', 'frames', 'wall', 'error',
+    'flags', 'untranslated'}) is kept in sf_dir/<run>.json once it finished without error. Its own
+    --restart_behavior (resume) continues an interrupted one."""
+    import sf_same_settings
     import sf_workloads
     from sf.launch.state import read_launch
 
@@ -205,36 +243,83 @@ def sf_run(run, task: Task, sf_python: str, sf_dir: Path) -> dict:
                                                                      os.environ.get("PYTHONPATH")])))
     ours = read_launch(run.exp_dir)
     cores = ours.get("cores") or sorted(os.sched_getaffinity(0))
+    flags, untranslated = [], []
+    if mode == "same":
+        config = json.loads((run.exp_dir / "config.json").read_text())
+        flags, untranslated = sf_same_settings.translate(
+            config, sf_same_settings.sf_defaults(sf_python, task.sf_module, task.name))
     import torch
     cmd = [sf_python, "-m", task.sf_module, "--env", task.name, "--train_for_env_steps", str(task.budget),
            "--seed", str(run.seed), "--experiment", run.name, "--train_dir", str(sf_dir / "td"),
            "--num_workers", str(ours.get("num_workers") or len(cores)),
-           *([] if torch.cuda.is_available() else ["--device", "cpu"])]
+           *([] if torch.cuda.is_available() else ["--device", "cpu"]), *flags]
     log = sf_dir / f"{run.name}.log"
-    print(f"Sample Factory {run.name} on cores {','.join(map(str, cores))}: {shlex.join(cmd)} > {log}", flush=True)
+    print(f"Sample Factory ({mode}) {run.name} on cores {','.join(map(str, cores))}: {shlex.join(cmd)} > {log}",
+          flush=True)
     mine = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cores)  # (inherited by its processes)
     try:
         out = sf_workloads.run(cmd, sf_dir, log, stall_sec=300.0, env=env)
     finally:
         os.sched_setaffinity(0, mine)
-    res = sf_workloads.parse("sf", out, sf_dir / "td" / run.name / ".summary" / "0")
+    res = sf_workloads.parse("sf", out, sf_summary(sf_dir, run))
     result = {k: res[k] for k in ("reward", "frames", "wall", "error")}
+    result.update(flags=flags, untranslated=untranslated)
     if not result["error"]:
         done.write_text(json.dumps(result))
     return result
 
 
-def sf_column(task: Task, done: list, sf_python: str, sf_dir: Path) -> tuple[str, list[str]]:
+def sf_summary(sf_dir: Path, run) -> Path:
+    """Where Sample Factory's TensorBoard files of the run are."""
+    return sf_dir / "td" / run.name / ".summary" / "0"
+
+
+def sf_column(task: Task, done: list, sf_python: str, sf_dir: Path, mode: str) -> tuple[str, list[str]]:
     """(the row's Sample Factory cell: final training average over seeds and frames/s, [a note per failed run])."""
     from sf.launch.summary import describe
-    results = [sf_run(r, task, sf_python, sf_dir) for r in done]
-    errors = [f"{r.name}, Sample Factory: {res['error']}" for r, res in zip(done, results) if res["error"]]
+    results = [sf_run(r, task, sf_python, sf_dir, mode) for r in done]
+    errors = [f"{r.name}, Sample Factory ({mode}): {res['error']}" for r, res in zip(done, results) if res["error"]]
     ok = [res for res in results if not res["error"] and math.isfinite(res["reward"])]
     if not ok:
         return "failed (notes below)", errors
     return (f"{with_ci(describe([x['reward'] for x in ok]), seed_count(len(ok)))}, "
             f"{sum(x['frames'] / x['wall'] for x in ok) / len(ok):.0f} frames/s"), errors
+
+
+# --- side by side: reward at equal frames and at equal wall-clock -------------------------------------------------
+def reward_curve(summary_dir: Path) -> list[tuple[int, float, float]]:
+    """[(env frames, seconds since the run's first summary, average episode reward)] of reward/reward."""
+    from sf.utils.events import read_scalar_events
+    scalars = read_scalar_events(summary_dir) if summary_dir.is_dir() else {}
+    start = min((w for pts in scalars.values() for _, w, _ in pts), default=0.0)
+    return sorted((step, w - start, v) for step, w, v in scalars.get("reward/reward", []))
+
+
+def reward_at(curve: list, frames: Optional[float] = None, seconds: Optional[float] = None) -> float:
+    """The last reward at or before `frames` (or `seconds` since the first summary); nan when there is none."""
+    points = [v for f, t, v in curve if (frames is None or f <= frames) and (seconds is None or t <= seconds)]
+    return points[-1] if points else float("nan")
+
+
+def side_by_side(task: Task, done: list, sf_dir: Path, mode: str) -> Optional[list[str]]:
+    """A row: over the seeds both sides finished, each side's reward at the frames both reached and at the wall-clock
+    time both reached (since each one's first summary), with the frames and seconds those are."""
+    from sf.launch.summary import describe
+    pairs = [(reward_curve(r.exp_dir), reward_curve(sf_summary(sf_dir, r))) for r in done]
+    pairs = [(o, t) for o, t in pairs if o and t]
+    if not pairs:
+        return None
+    frames = [min(o[-1][0], t[-1][0]) for o, t in pairs]
+    seconds = [min(o[-1][1], t[-1][1]) for o, t in pairs]
+    cell = lambda xs: with_ci(describe(xs), seed_count(len(xs)))  # noqa: E731
+    return [task.name, f"SF 2.1.1, {mode}",
+            f"{sum(frames) / len(frames):,.0f}",
+            cell([reward_at(o, frames=f) for (o, _), f in zip(pairs, frames)]),
+            cell([reward_at(t, frames=f) for (_, t), f in zip(pairs, frames)]),
+            f"{sum(seconds) / len(seconds):.0f}",
+            cell([reward_at(o, seconds=s) for (o, _), s in zip(pairs, seconds)]),
+            cell([reward_at(t, seconds=s) for (_, t), s in zip(pairs, seconds)])]
 
 
 def sf_missing(sf_python: str, module: str) -> Optional[str]:
@@ -284,16 +369,22 @@ def course_cell(returns_by_seed: dict[int, list[float]]) -> str:
     return ", ".join(cells) or "-"
 
 
-def plot_task(sweep, task: Task) -> Optional[Path]:
+def plot_task(sweep, task: Task, sf_dirs: dict[str, Path]) -> Optional[Path]:
     """<sweep dir>/curves_<task>.png: sf.plot's sweep figure (mean over seeds, band min..max) of one task (the tasks'
-    rewards differ in scale by 1000x: one figure each)."""
+    rewards differ in scale by 1000x: one figure each), with Sample Factory's runs of each mode (sf_dirs: mode ->
+    its directory) as configurations of their own."""
     from sf.plot import SWEEP_PANELS, event_files, panel_series, read_scalar_events, render_sweep, sweep_bands
     runs = [r for r in sweep.runs if r.config == task.name and r.exp_dir.is_dir() and event_files(r.exp_dir)]
     if not runs:
         return None
-    series, unit = panel_series({r.name: read_scalar_events(r.exp_dir) for r in runs}, SWEEP_PANELS.split(","), 0.6)
+    dirs = {r.name: (r.exp_dir, "ours") for r in runs}
+    for mode, sf_dir in sf_dirs.items():
+        dirs.update({f"{r.name} SF {mode}": (sf_summary(sf_dir, r), f"SF 2.1.1 {mode}") for r in runs
+                     if sf_summary(sf_dir, r).is_dir() and event_files(sf_summary(sf_dir, r))})
+    series, unit = panel_series({name: read_scalar_events(d) for name, (d, _) in dirs.items()},
+                                SWEEP_PANELS.split(","), 0.6)
     out = sweep.train_dir / f"curves_{task.name}.png"
-    render_sweep(sweep_bands(series, {r.name: r.config for r in runs}), unit, out,
+    render_sweep(sweep_bands(series, {name: config for name, (_, config) in dirs.items()}), unit, out,
                  f"{task.name}, {task.budget:,} frames: mean over {len(runs)} seed(s), band min..max")
     return out
 
@@ -301,7 +392,8 @@ def plot_task(sweep, task: Task) -> Optional[Path]:
 def suite(args) -> int:
     tasks, n_seeds = chosen(args)
     check_envs(tasks)
-    if args.with_sf and not Path(args.sf_python).exists():
+    modes = [] if args.with_sf is None else list(dict.fromkeys(args.with_sf or SF_MODES))
+    if modes and not Path(args.sf_python).exists():
         raise ConfigError(f"--sf_python: {args.sf_python} does not exist; give a Python with sample-factory 2.1.1 "
                           "installed (or leave --with_sf out)")
     from sf.cfg import validate_train_dir
@@ -326,8 +418,10 @@ def suite(args) -> int:
     sweep = load_sweep(str(sweep_file), args.train_dir)
     states = dict(status_rows(sweep))
     failed = rc != 0
-    rows, notes = [], []
-    sf_reasons = {t.sf_needs: sf_missing(args.sf_python, t.sf_needs) for t in tasks} if args.with_sf else {}
+    rows, pairs, notes = {False: [], True: []}, [], []
+    sf_reasons = {t.sf_needs: sf_missing(args.sf_python, t.sf_needs) for t in tasks} if modes else {}
+    # (the results of --with_sf before it had modes, in sf_2.1.1/, are its defaults')
+    sf_dirs = {m: sweep.train_dir / ("sf_2.1.1" if m == "defaults" else f"sf_2.1.1_{m}") for m in modes}
     for task in tasks:
         runs = [r for r in sweep.runs if r.config == task.name]
         done = [r for r in runs if states[r.name].state == "done"]
@@ -346,21 +440,23 @@ def suite(args) -> int:
         walls = [states[r.name].wall for r in runs if states[r.name].wall]
         wall = sum(walls) / len(walls) if walls else None
         fps = [states[r.name].frames / states[r.name].wall for r in runs if states[r.name].wall]
-        sf_cell = "-"
-        if args.with_sf:
-            sf_cell = sf_reasons[task.sf_needs] or "not run: none of ours finished"
+        sf_cells = {}
+        for mode in modes:
+            sf_cells[mode] = sf_reasons[task.sf_needs] or "not run: none of ours finished"
             if not sf_reasons[task.sf_needs] and done:
-                sf_cell, errors = sf_column(task, done, args.sf_python, sweep.train_dir / "sf_2.1.1")
+                sf_cells[mode], errors = sf_column(task, done, args.sf_python, sf_dirs[mode], mode)
                 failed |= bool(errors)
                 notes += errors
-        plot = plot_task(sweep, task)
+                pairs.append(side_by_side(task, done, sf_dirs[mode], mode))
+        plot = plot_task(sweep, task, sf_dirs)
         if plot:
             notes.append(f"{task.name} curves: {plot}")
-        rows.append([task.name + (" (slow)" if task.slow else ""), f"{task.budget:,}", f"{len(done)}/{len(runs)}",
-                     with_ci(final, seed_count(final.n)) if final else "-",
-                     eval_cell(list(returns.values()), task.episodes),
-                     course_cell(returns) if task.course_rule else "-", task.anchor, task.source,
-                     f"{wall:.0f}" if wall else "-", f"{sum(fps) / len(fps):.0f}" if fps else "-", sf_cell])
+        rows[task.held_out].append(
+            [task.name + (" (slow)" if task.slow else ""), f"{task.budget:,}", f"{len(done)}/{len(runs)}",
+             with_ci(final, seed_count(final.n)) if final else "-", eval_cell(list(returns.values()), task.episodes),
+             course_cell(returns) if task.course_rule else "-", task.anchor, task.source,
+             f"{wall:.0f}" if wall else "-", f"{sum(fps) / len(fps):.0f}" if fps else "-",
+             *(sf_cells[m] for m in modes)])
     cores = len(available_cores())
     print(f"\n{len(sweep.runs)} run(s), {default_max_parallel(cores)} at once on {cores} cores (sf.launch's layout); "
           f"{time.time() - t0:.0f} s for this invocation")
@@ -368,9 +464,26 @@ def suite(args) -> int:
           f"python -m sf.eval, seed {EVAL_SEED}, sampled actions; ±: 95% Student-t half-width (over seeds, or the one "
           "seed's episodes); course: eval mean - std per seed, PASS at >= 5; wall and frames/s: per run, start-up "
           "included\n")
-    print(table(rows, ["task", "budget (frames)", "seeds done", "train final, mean ± 95% CI", "eval, mean ± 95% CI",
-                       "course rule (eval mean - std)", "anchor", "anchor source", "wall s/run", "frames/s",
-                       "SF 2.1.1 train final, frames/s"]))
+    columns = ["task", "budget (frames)", "seeds done", "train final, mean ± 95% CI", "eval, mean ± 95% CI",
+               "course rule (eval mean - std)", "anchor", "anchor source", "wall s/run", "frames/s",
+               *(f"SF 2.1.1 {m}: train final, frames/s" for m in modes)]
+    for held_out, title in ((False, "Tuning tasks: the families' settings were chosen on these"),
+                            (True, "Held-out tasks: no choice of settings looked at these")):
+        if rows[held_out]:
+            print(f"{title}\n{table(rows[held_out], columns)}\n")
+    families = dict.fromkeys(t.name.split("_")[0] for t in tasks)
+    print("Settings chosen on: " + "; ".join(f"{f}: {CHOSEN_ON[f]}" for f in families if f in CHOSEN_ON) + "\n")
+    if any(pairs):
+        print("Side by side (each side's average episode reward, TensorBoard's reward/reward: at the frames both "
+              "reached, and at the seconds since each one's first summary that both reached):\n" + table(
+                  [p for p in pairs if p], ["task", "against", "equal frames", "ours", "SF", "equal seconds", "ours",
+                                            "SF"]))
+    for mode, sf_dir in sf_dirs.items():
+        given = sorted(sf_dir.glob("*.json"))
+        if mode == "same" and given:
+            last = json.loads(given[-1].read_text())
+            notes.append(f"SF 2.1.1 same settings, e.g. {given[-1].stem}: {' '.join(last['flags'])}; ours only (no "
+                         f"flag of Sample Factory's): {', '.join(last['untranslated'])}")
     if notes:
         print("\n" + "\n".join(notes))
     return 1 if failed else 0

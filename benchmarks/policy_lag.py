@@ -10,9 +10,9 @@ Each configuration trains one run from scratch, one after another, alone on the 
 run, from its TensorBoard series: the medians over the run's second half of the policy lag (SGD steps between the
 weights that acted and those that train), the KL divergence from the behaviour policy and the clip fraction; frames/s
 (its Done line: env frames over wall time, start-up included); the last average episode reward. Ratios are against the
-first configuration. Sample Factory (--with_sf): its VizDoom trainer with our preset's settings (SAME_SETTINGS: the
-scenarios whose preset is Sample Factory 2's Doom defaults, so only what differs is spelled out; its version_diff,
-kl_divergence and fraction_clipped series), the same frames, seed and rollout workers.
+first configuration. Sample Factory (--with_sf): its VizDoom trainer with our run's settings (those of our run with
+--num_batches_to_accumulate 2, its default, else the first; translated by benchmarks/sf_same_settings.py; its
+version_diff, kl_divergence and fraction_clipped series), the same frames, seed and rollout workers.
 """
 from __future__ import annotations
 
@@ -40,7 +40,6 @@ THEIRS = {"lag": "train/version_diff_avg", "kl": "train/kl_divergence", "clip": 
           "reward": "reward/reward"}
 SF_PYTHON = ROOT / ".venv-sf" / "bin" / "python"
 # configs/doom.json: these scenarios train with Sample Factory 2's Doom defaults; what our preset changes of them
-SAME_SETTINGS = {"doom_health_gathering_supreme": ["--learning_rate", "0.0003"], "doom_defend_the_center": []}
 
 
 def second_half_median(points: list) -> float:
@@ -105,10 +104,14 @@ def main() -> int:
                     ours(args.env, args.frames, args.seed, n, workdir, ["--num_workers", str(args.num_workers)]))
                    for n in args.accumulate]
         if args.with_sf:
-            if args.env not in SAME_SETTINGS:
-                p.error(f"--with_sf: {args.env}'s preset is not Sample Factory's Doom defaults; one of "
-                        f"{', '.join(SAME_SETTINGS)}")
-            sf_args = [*SAME_SETTINGS[args.env], "--num_workers", str(args.num_workers)]
+            import json
+
+            import sf_same_settings
+            like = 2 if 2 in args.accumulate else args.accumulate[0]
+            config = json.loads((workdir / f"acc{like}" / "config.json").read_text())
+            sf_args, _ = sf_same_settings.translate(config, sf_same_settings.sf_defaults(
+                str(SF_PYTHON), "sf_examples.vizdoom.train_vizdoom", args.env))
+            sf_args += ["--num_workers", str(args.num_workers)]
             results.append(("Sample Factory 2.1.1, same settings", sample_factory(args.env, args.frames, args.seed,
                                                                                  workdir, sf_args)))
         for name, r in results:

@@ -60,7 +60,7 @@ def train_command(saved: dict) -> list[str]:
     --train_dir, every train-mode parameter whose value differs from the table default with the env's preset over it,
     and always the seed and the worker counts (their defaults depend on the machine)."""
     params = {p.name: p for p in all_params()}
-    base = _preset_values(saved["env"], params)  # what parse_cfg starts from: the table defaults, the preset over them
+    base = _preset_values(saved["env"], params, saved.get("preset_set"))  # what parse_cfg starts from: the table defaults, the preset over them
     always = {"seed", "num_workers", "num_envs_per_worker"}
     args = ["--env", saved["env"], "--experiment", saved["experiment"], "--train_dir", saved["train_dir"]]
     for name, p in params.items():

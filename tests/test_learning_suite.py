@@ -36,7 +36,7 @@ def _quick(train_dir) -> tuple[str, list[str]]:
 def test_quick_prints_a_row_with_real_figures_and_resumes(tmp_path):
     skip_if_unavailable("doom_basic")
     out, row = _quick(tmp_path)
-    task, budget, done, train, evaluation, course, anchor, source, wall, fps, sf = row
+    task, budget, done, train, evaluation, course, anchor, source, wall, fps = row  # (no --with_sf: no SF column)
     assert (task, budget, done) == ("doom_basic", "24,000", "1/1")
     assert re.fullmatch(rf"{NUMBER} \[1 seed\]", train), train  # the last reward/reward of the run
     m = re.fullmatch(rf"({NUMBER}) ± ({NUMBER}) \[1 seed, 5 ep\]", evaluation)  # sf.eval's 5 episodes, 95% CI
@@ -44,7 +44,8 @@ def test_quick_prints_a_row_with_real_figures_and_resumes(tmp_path):
     assert -2.0 <= float(m.group(1)) <= 1.0, evaluation  # doom_basic's returns (scenario reward x 0.01)
     assert anchor == "≈ 0.75" and "model card" in source
     assert float(wall) > 0 and float(fps) > 0
-    assert (course, sf) == ("-", "-")
+    assert course == "-"
+    assert "Tuning tasks: the families' settings were chosen on these" in out and "Held-out tasks" not in out
     run_dir = tmp_path / "learning_suite_quick" / "00_doom_basic_see_0"
     assert len(list(run_dir.glob("eval_latest_*f_seed0_5ep.csv"))) == 1
     assert (tmp_path / "learning_suite_quick" / "curves_doom_basic.png").stat().st_size > 0
@@ -60,6 +61,7 @@ def test_quick_prints_a_row_with_real_figures_and_resumes(tmp_path):
     (["--tasks", "doom_nope"], "--tasks: unknown task 'doom_nope'"),
     (["--seeds", "0"], "--seeds '0': must be an integer from 1 to 100"),
     (["--quick", "--tasks", "doom_basic"], "--quick runs doom_basic alone"),
+    (["--with_sf", "same", "theirs"], "argument --with_sf: invalid choice: 'theirs' (choose from 'same', 'defaults')"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     assert _suite().main([*args, "--train_dir", str(tmp_path)]) == 2
@@ -76,3 +78,60 @@ def test_cells_over_seeds_and_the_course_rule():
     assert suite.eval_cell([[1.0, 2.0, 3.0, 4.0]], 4) == "2.5 ± 2.054 [1 seed, 4 ep]"
     # the course: mean - std >= 5 passes (8 - 1 = 7; 6 - 2.828 = 3.172)
     assert suite.course_cell({0: [7.0, 8.0, 9.0], 1: [4.0, 8.0]}) == "s0 7 PASS, s1 3.172 FAIL"
+
+
+def test_reward_at_equal_frames_and_equal_seconds():
+    suite = _suite()
+    curve = [(1000, 5.0, 1.0), (2000, 10.0, 2.0), (3000, 20.0, 3.0)]  # (frames, seconds, reward)
+    assert suite.reward_at(curve, frames=2500) == 2.0 and suite.reward_at(curve, frames=3000) == 3.0
+    assert suite.reward_at(curve, seconds=19.9) == 2.0 and suite.reward_at(curve, seconds=4.0) != 2.0
+    assert suite.reward_at(curve, seconds=4.0) != suite.reward_at(curve, seconds=4.0)  # nan: no point yet
+    assert [t.name for t in suite.TASKS.values() if t.held_out and not t.slow] == [
+        "doom_defend_the_line", "doom_health_gathering", "doom_my_way_home", "doom_deadly_corridor"]
+
+
+def _sf_same_settings():
+    spec = importlib.util.spec_from_file_location("sf_same_settings", ROOT / "benchmarks" / "sf_same_settings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_same_settings_give_sample_factory_our_values_where_they_differ():
+    """Each Sample Factory flag takes our value of the parameter of its name or of the one it aliases, and is given
+    only where that differs from its default; the run's identity and other families' parameters are never given; what
+    has no flag there is named."""
+    from sf.cfg.parse import parse_cfg
+    ours = parse_cfg(["--env", "doom_my_way_home", "--num_workers", "2", "--seed", "3", "--num_epochs", "2"]).as_dict()
+    theirs = {"batch_size": ours["batch_size"], "learning_rate": 1e-4 if ours["learning_rate"] != 1e-4 else 3e-4,
+              "ppo_epochs": 1, "num_epochs": 1, "async_rl": True, "seed": 7, "train_dir": "x", "env_framestack": 1,
+              "with_vtrace": not ours["with_vtrace"], "normalize_input_keys": None}
+    flags, untranslated = _sf_same_settings().translate(ours, theirs)
+    assert flags == [f"--learning_rate={ours['learning_rate']}", "--ppo_epochs=2", "--num_epochs=2",
+                     f"--with_vtrace={ours['with_vtrace']}", "--normalize_input_keys", "obs"]
+    assert "sample_minibatches" in untranslated and "batch_size" not in untranslated
+    assert not any(k.startswith("atari_") for k in untranslated) and "seed" not in untranslated
+    ppo = parse_cfg(["--env", "doom_my_way_home", "--sync_mode", "ppo"]).as_dict()
+    assert _sf_same_settings().translate(ppo, {"async_rl": True})[0] == ["--async_rl=False"]
+
+
+@pytest.mark.e2e
+def test_same_settings_against_sample_factorys_own_parser(tmp_path):
+    """Sample Factory 2.1.1's VizDoom trainer reads every flag given (its parser refuses unknown ones): with them its
+    configuration equals ours wherever a flag names both."""
+    from test_import_sf import SF_PYTHON
+    if not SF_PYTHON.exists():
+        pytest.skip(f"{SF_PYTHON} is absent (make setup-sf)")
+    from sf.cfg.parse import parse_cfg
+    same = _sf_same_settings()
+    ours = parse_cfg(["--env", "doom_defend_the_line", "--num_workers", "2"]).as_dict()
+    flags, _ = same.translate(ours, same.sf_defaults(str(SF_PYTHON), "sf_examples.vizdoom.train_vizdoom", ours["env"]))
+    script = ("import json, sys; from sf_examples.vizdoom.train_vizdoom import parse_vizdoom_cfg; "
+              "print('CFG ' + json.dumps({k: v for k, v in vars(parse_vizdoom_cfg(argv=sys.argv[1:])).items() "
+              "if isinstance(v, (bool, int, float, str, list, type(None)))}))")
+    out = subprocess.run([str(SF_PYTHON), "-c", script, "--env", ours["env"], *flags], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    theirs = __import__("json").loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("CFG "))[4:])
+    assert same.translate(ours, theirs)[0] == []  # nothing left to give: every translatable value is ours
+    assert (theirs["batch_size"], theirs["with_vtrace"], theirs["num_envs_per_worker"]) == (1024, False, 16)

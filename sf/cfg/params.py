@@ -96,6 +96,10 @@ RUN_PARAMS: list[Param] = [
           "observations (padded), so that an observation's actions do not depend on which others share its batch (CPU "
           "kernels give different bits for different batch sizes). A call costs about as much as a few rows, so 8 "
           "wastes little on Doom's groups of 4-8 envs", scope="train", min_value=1, max_value=4096),
+    Param("preset_set", optional_str, None, "A named set of the env family's preset (configs/<family>.json \"sets\") "
+          "over its defaults: paper (Doom) reproduces the Sample Factory paper's Table A.5 settings; family: the "
+          "family's defaults even where the env's group names a set (Doom's multiplayer scenarios: paper). Not given: "
+          "the env's group's set, if any", choices=("family", "paper")),
     Param("device", str, "auto", "auto (CUDA when available, else CPU), cpu or cuda (Sample Factory's gpu: cuda)",
           choices=("auto", "cpu", "cuda")),
     Param("serial_mode", str2bool, False, "Run every component in one process (for debugging)", scope="train"),

@@ -120,9 +120,11 @@ def _preset_path_shown(path: Path) -> str:
         return str(path)
 
 
-def load_preset(env_name: str, family: str) -> dict:
-    """Values of configs/<family>.json: its "defaults" then its "envs"[env_name] entry (raw JSON values,
-    converted and checked by parse_cfg). ConfigError naming the file if it is not of that form.
+def load_preset(env_name: str, family: str, preset_set: Optional[str] = None) -> dict:
+    """Values of configs/<family>.json: its "defaults", then the named set of its "sets" (`preset_set`; not given:
+    the set that the env's group in "groups" names, if any; "family": none), then its "envs"[env_name] entry (raw
+    JSON values, converted and checked by parse_cfg). ConfigError naming the file if it is not of that form, or
+    naming --preset_set if the family has no such set.
 
     Every built-in family (FAMILIES_WITH_PRESETS) has a preset: a missing one is a ConfigError naming the file
     (an install without its package data would otherwise train silently with the table defaults). Families that
@@ -132,20 +134,37 @@ def load_preset(env_name: str, family: str) -> dict:
         if family in FAMILIES_WITH_PRESETS:
             raise ConfigError(f"preset {path} of env family {family!r} is missing (an install without its package "
                               f"data sf_configs? reinstall: pip install .)")
+        if preset_set not in (None, "family"):
+            raise ConfigError(f"--preset_set {preset_set}: env family {family!r} has no preset; leave it out")
         return {}
     shown = _preset_path_shown(path)
     data = read_json_object(path, shown)
-    defaults, envs = data.get("defaults", {}), data.get("envs", {})
-    if not isinstance(defaults, dict):
-        raise ConfigError(f"{shown}: key 'defaults': expected a JSON object, got {_json_type(defaults)}")
-    if not isinstance(envs, dict):
-        raise ConfigError(f"{shown}: key 'envs': expected a JSON object, got {_json_type(envs)}")
-    entry = envs.get(env_name, {})
-    if not isinstance(entry, dict):
-        raise ConfigError(f"{shown}: key 'envs'.{env_name!r}: expected a JSON object, got {_json_type(entry)}")
+    defaults, sets, groups, envs = (_json_object(data, key, shown) for key in ("defaults", "sets", "groups", "envs"))
+    for name, group in groups.items():
+        members = _json_object(groups, name, shown, "groups")
+        if not isinstance(members.get("envs", []), list) or members.get("set", "family") not in (*sets, "family"):
+            raise ConfigError(f"{shown}: key 'groups'.{name!r}: expected {{\"envs\": [env names], \"set\": one of "
+                              f"{', '.join(sets) or 'its sets'}}}")
+        if preset_set is None and env_name in members.get("envs", []):
+            preset_set = members.get("set")
+    chosen = {} if preset_set in (None, "family") else sets.get(preset_set)
+    if chosen is None:
+        raise ConfigError(f"--preset_set {preset_set}: {shown} has no such set (its sets: "
+                          f"{', '.join(['family', *sets])})")
     values = dict(defaults)
-    values.update(entry)
+    values.update(_json_object(sets, preset_set, shown, "sets") if chosen else {})
+    values.update(_json_object(envs, env_name, shown, "envs"))
     return values
+
+
+def _json_object(data: dict, key: str, shown: str, parent: str = "") -> dict:
+    """data[key] if it is a JSON object ({} when absent); ConfigError naming `shown` and the key (under `parent`'s)
+    otherwise."""
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        where = f"{parent!r}.{key!r}" if parent else repr(key)
+        raise ConfigError(f"{shown}: key {where}: expected a JSON object, got {_json_type(value)}")
+    return value
 
 
 def save_cfg(cfg, exp_dir: Path) -> Path:
@@ -181,7 +200,7 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
     explicit = {k: from_command_line(params[k], v) for k, v in raw.items()}
     apply_sf_aliases(sf_given, explicit, params)
 
-    values = _preset_values(explicit["env"], params)
+    values = _preset_values(explicit["env"], params, explicit.get("preset_set"))
     values.update(explicit)
     if values["experiment"] is None:
         values["experiment"] = default_experiment_name(values["env"])
@@ -207,8 +226,9 @@ def parse_cfg(argv: Optional[Sequence[str]] = None, mode: str = "train", prog: s
     return cfg
 
 
-def _preset_values(env: str, params: dict[str, Param]) -> dict[str, Any]:
-    """The table defaults with the env family's preset over them, every value of the preset checked."""
+def _preset_values(env: str, params: dict[str, Param], preset_set: Optional[str] = None) -> dict[str, Any]:
+    """The table defaults with the env family's preset over them (`preset_set`: see load_preset), every value of the
+    preset checked."""
     try:  # the env integrations are a package of their own, which the core does not need to import
         from sf_envs.registry import env_spec  # (it raises a one-line error with close matches)
     except ImportError as e:
@@ -219,7 +239,7 @@ def _preset_values(env: str, params: dict[str, Param]) -> dict[str, Any]:
         raise ConfigError(f"--env: {e}") from None
     values = {name: copy_default(p.default) for name, p in params.items()}
     preset_shown = _preset_path_shown(CONFIGS_DIR / f"{spec.family}.json")
-    for k, v in load_preset(spec.name, spec.family).items():  # every value checked, even one a flag overrides
+    for k, v in load_preset(spec.name, spec.family, preset_set).items():  # every value checked, even one a flag overrides
         if k not in params:
             raise ConfigError(f"{preset_shown}: unknown parameter {k!r}")
         values[k] = from_file(preset_shown, k, params[k], v)

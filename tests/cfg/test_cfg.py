@@ -32,7 +32,7 @@ def test_enjoy_help_lists_enjoy_flags(entry):
 
 def test_layers_preset_then_command_line(tmp_path):
     cfg = parse_cfg(["--env", "doom_battle", "--train_dir", str(tmp_path)])
-    assert cfg.batch_size == 2048 and cfg.num_envs_per_worker == 16  # configs/doom.json over the table
+    assert cfg.exploration_loss == "symmetric_kl" and cfg.num_envs_per_worker == 16  # configs/doom.json over the table
     assert cfg.experiment == "doom_battle"
     cfg = parse_cfg(["--env", "doom_basic", "--train_dir", str(tmp_path)])
     assert cfg.batch_size == 128 and cfg.num_epochs == 4 and cfg.use_rnn is False  # its "envs" entry over "defaults"
@@ -140,20 +140,40 @@ def test_presets_are_valid():
                 convert(params[k], v)  # raises ValueProblem
 
 
-def test_doom_learning_scenarios_take_sample_factory_2s_settings_and_the_others_the_papers():
-    """Health gathering supreme and defend the center train with Sample Factory 2's Doom defaults (PPO with GAE,
-    symmetric-KL exploration, gain-1 initialization, the screen normalized per pixel: docs/benchmarks.md, Learning);
-    the other scenarios keep the paper's Table A.5 settings (V-trace, batches of 2,048)."""
+def test_doom_single_player_scenarios_share_one_set_and_the_papers_is_one_flag_away():
+    """Every single-player Doom scenario trains with the family's defaults (Sample Factory 2's Doom settings: PPO with
+    GAE, symmetric-KL exploration, gain-1 initialization, the screen normalized per pixel); only doom_basic's entry
+    changes the optimisation. --preset_set paper gives the paper's Table A.5 settings, the multiplayer scenarios' own
+    by default (their group's), and --preset_set family the family's there."""
     from sf.cfg.parse import parse_cfg
-    shape = lambda c: (c.with_vtrace, c.batch_size, c.exploration_loss, c.policy_init_gain,  # noqa: E731
-                       c.normalize_input_keys, c.normalize_returns)
-    for env in ("doom_health_gathering_supreme", "doom_defend_the_center"):
-        assert shape(parse_cfg(["--env", env])) == (False, 1024, "symmetric_kl", 1.0, ["obs"], True), env
-    assert shape(parse_cfg(["--env", "doom_battle"])) == (True, 2048, "entropy", None, None, False)
-    # health gathering supreme learns faster at 3e-4 in the course's 4M frames (docs/benchmarks.md); the others keep 1e-4
-    assert parse_cfg(["--env", "doom_health_gathering_supreme"]).learning_rate == 3e-4
-    assert parse_cfg(["--env", "doom_defend_the_center"]).learning_rate == 1e-4
-    assert parse_cfg(["--env", "doom_health_gathering_supreme", "--learning_rate", "1e-4"]).learning_rate == 1e-4
+    shape = lambda c: (c.with_vtrace, c.batch_size, c.exploration_loss, c.exploration_loss_coeff,  # noqa: E731
+                       c.policy_init_gain, c.normalize_input_keys, c.normalize_returns, c.learning_rate)
+    family = (False, 1024, "symmetric_kl", 0.001, 1.0, ["obs"], True, 1e-4)
+    paper = (True, 2048, "entropy", 0.003, None, None, False, 1e-4)
+    for env in ("doom_health_gathering_supreme", "doom_defend_the_center", "doom_my_way_home", "doom_battle"):
+        assert shape(parse_cfg(["--env", env])) == family, env
+        assert shape(parse_cfg(["--env", env, "--preset_set", "paper"])) == paper, env
+    for env in ("doom_duel_bots", "doom_deathmatch_bots", "doom_duel", "doom_deathmatch_full"):
+        assert shape(parse_cfg(["--env", env])) == paper, env
+        assert shape(parse_cfg(["--env", env, "--preset_set", "family"])) == family, env
+        assert parse_cfg(["--env", env]).gamma == 0.995  # the scenario's own (Table A.5), under either set
+    assert parse_cfg(["--env", "doom_my_way_home", "--preset_set", "paper", "--batch_size", "512"]).batch_size == 512
+    with pytest.raises(ConfigError, match=r"--preset_set paper: configs/atari.json has no such set \(its sets: "
+                                          r"family\)"):
+        parse_cfg(["--env", "atari_pong", "--preset_set", "paper"])
+
+
+def test_preset_groups_and_sets_of_a_bad_form_are_one_line(tmp_path, monkeypatch):
+    from sf.cfg import parse
+    monkeypatch.setattr(parse, "CONFIGS_DIR", tmp_path)
+    for text, needle in [('{"sets": []}', "key 'sets': expected a JSON object, got a list"),
+                         ('{"groups": {"g": {"envs": ["doom_basic"], "set": "nope"}}}',
+                          "key 'groups'.'g': expected {\"envs\": [env names], \"set\": one of its sets}"),
+                         ('{"groups": {"g": 3}}', "key 'groups'.'g': expected a JSON object, got a number")]:
+        (tmp_path / "doom.json").write_text(text)
+        with pytest.raises(ConfigError) as e:
+            parse.load_preset("doom_basic", "doom")
+        assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("flag, value, needle", [

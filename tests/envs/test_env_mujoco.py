@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from e2e_helpers import made_once
+from e2e_helpers import ROOT, made_once
 from env_test_helpers import check_contract, observation_trace
 from sf.cfg import ConfigError, cli_main, parse_cfg
 from sf_envs.errors import EnvUnavailableError
@@ -33,7 +33,7 @@ SF_PRESET = dict(sync_mode="ppo", num_envs_per_worker=8, worker_num_splits=2, tr
                  exploration_loss_coeff=0.0, learning_rate=0.00295, lr_schedule="linear_decay", gamma=0.99,
                  gae_lambda=0.95, with_vtrace=False, recurrence=1, normalize_input=True, normalize_returns=True,
                  value_bootstrap=True, experiment_summaries_interval=3.0, save_every_sec=15,
-                 initial_stddev=1.0)  # (its default)
+                 initial_stddev=1.0, actor_critic_share_weights=True, shuffle_minibatches=False)  # (its defaults)
 
 
 def raw_env(env_id):
@@ -134,11 +134,12 @@ def test_episode_report_at_the_time_limit():
 # published means at 1M steps (docs/benchmarks.md, Learning); the rest is Sample Factory's preset
 OURS = dict(num_envs_per_worker=16, batch_size=128, num_epochs=10, learning_rate=0.0003, kl_loss_coeff=0.0,
             value_loss_coeff=0.5, max_grad_norm=0.5, policy_initialization="orthogonal", actor_critic_share_weights=False,
-            initial_stddev=0.5)  # (HalfCheetah's: 1.0 for the other envs)
+            shuffle_minibatches=True)
 # the flags that give Sample Factory's preset back (the preset's _comment names them)
 SF_FLAGS = ["--num_envs_per_worker", "8", "--batch_size", "1024", "--num_epochs", "2", "--learning_rate", "0.00295",
             "--kl_loss_coeff", "0.1", "--value_loss_coeff", "1.3", "--max_grad_norm", "3.5",
-            "--policy_initialization", "torch_default", "--initial_stddev", "1.0"]
+            "--policy_initialization", "torch_default", "--actor_critic_share_weights", "True",
+            "--shuffle_minibatches", "False"]
 
 
 def test_preset_is_cleanrls_optimisation_over_sample_factorys(tmp_path):
@@ -150,7 +151,28 @@ def test_preset_is_cleanrls_optimisation_over_sample_factorys(tmp_path):
     assert {k: getattr(cfg, k) for k in SF_PRESET} == SF_PRESET  # Sample Factory's documented preset, by flags
     cfg = parse_cfg(["--env", "mujoco_walker", "--train_dir", str(tmp_path), "--learning_rate", "0.001"])
     assert cfg.learning_rate == 0.001 and cfg.nonlinearity == "tanh"  # flags over the preset
-    assert cfg.initial_stddev == 1.0  # (0.5 is HalfCheetah's alone)
+    assert cfg.initial_stddev == 1.0  # every task: no task-only entry
+
+
+@pytest.mark.e2e
+def test_sample_factorys_flags_restore_every_setting_its_parser_gives():
+    """Sample Factory 2.1.1's own parser (its MuJoCo trainer, in .venv-sf) against our configuration with SF_FLAGS:
+    every flag that names a parameter of ours has its value, but for what does not change a synchronous
+    single-policy run (the lag cut, unused by synchronous PPO; PBT's perturbation; the workers, the caller's)."""
+    import importlib.util
+
+    from test_import_sf import SF_PYTHON
+    if not SF_PYTHON.exists():
+        pytest.skip(f"{SF_PYTHON} is absent (make setup-sf)")
+    spec = importlib.util.spec_from_file_location("sf_same_settings", ROOT / "benchmarks" / "sf_same_settings.py")
+    same = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(same)
+    theirs = same.sf_defaults(str(SF_PYTHON), "sf_examples.mujoco.train_mujoco", "mujoco_hopper")
+    for env in ("mujoco_hopper", "mujoco_halfcheetah"):
+        ours = parse_cfg(["--env", env, *SF_FLAGS]).as_dict()
+        differing = {f.split("=")[0] for f in same.translate(ours, theirs)[0] if f.startswith("--")}
+        assert differing <= {"--max_policy_lag", "--num_workers", "--pbt_perturb_min", "--pbt_perturb_max"}, differing
+        assert "--batch_size=128" in same.translate(parse_cfg(["--env", env]).as_dict(), theirs)[0]
 
 
 @pytest.fixture(scope="module")
