@@ -29,11 +29,12 @@ import numpy as np
 from sf.cfg import ConfigError, RunError, cli_main, experiment_dir, resolve_device
 from sf.policy_loading import check_experiment_dir, load_policy, open_env
 from sf.utils.files import replace_durably
+from sf_envs.families import FAMILIES
 from sf_envs.registry import env_spec
 
 # torch is imported where used: `--help` and bad flags answer at once.
 
-NATIVE_FPS = {"doom": 35, "atari": 60, "dmlab": 60}
+NATIVE_FPS = {f.name: f.native_fps for f in FAMILIES if f.native_fps}  # the simulators' frame rates
 
 
 def _render_mode(cfg) -> str | None:

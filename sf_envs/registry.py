@@ -7,6 +7,7 @@
 Families: doom_* (VizDoom), atari_<game> (ale-py), dmlab_<level> (DeepMind Lab), mujoco_* (gymnasium's MuJoCo
 envs), test_* (built-in, no package), gym:<id> or gym:<module>:<id> (any gymnasium env, adapted to the contract),
 pettingzoo_<env> (PettingZoo's multi-agent envs, sf_envs/pettingzoo) and whatever users add with register_env().
+The built-in families are listed once, in sf_envs/families.py.
 Specs are built per family when first asked for. A family's integration module (doom_env.py, atari_env.py, ...: the
 face of its package, vizdoom, ale_py, ...) is imported where an env of the family is made or checked: listing envs
 loads none of them (nor cv2, psutil), and `python -m sf_envs.doom.fetch_scenarios` runs before doom_env imports it.
@@ -28,6 +29,7 @@ from sf_envs.doom.engine_shm import engine_shm_files, remove_stale_engine_files
 from sf_envs.doom.scenarios import ALL_SCENARIOS
 from sf_envs.episode_stats import EpisodeStatistics
 from sf_envs.errors import EnvUnavailableError, UnknownEnvError
+from sf_envs.families import FAMILIES
 from sf_envs.gym_env import adapt_env, make_gym_env
 from sf_envs.mujoco.envs import MUJOCO_ENVS
 from sf_envs.params import get_param
@@ -38,14 +40,25 @@ from sf_envs.test_envs import TEST_ENVS
 __all__ = ["UnknownEnvError", "EnvUnavailableError", "env_spec", "env_names", "make_env", "register_env",
            "unregister_env", "check_env_available", "process_leftover_files", "register_leftover_files"]
 
-FAMILIES_WITH_FRAMESKIP = ("doom", "atari", "dmlab")
+FAMILIES_WITH_FRAMESKIP = tuple(f.name for f in FAMILIES if f.frameskip)
 
 
 _USER: dict[str, EnvSpec] = {}
 _FAMILY_CACHE: dict[str, dict[str, EnvSpec]] = {}
 
 
-# --- built-in families ----------------------------------------------------------------------------
+# --- built-in families (sf_envs/families.py) -------------------------------------------------------
+_SPECS: dict[str, Callable[[], dict[str, EnvSpec]]] = {}  # listed family's name -> the builder of its specs
+
+
+def _specs_of(family: str):
+    def register(build):
+        _SPECS[family] = build
+        return build
+    return register
+
+
+@_specs_of("doom")
 def _doom_specs() -> dict[str, EnvSpec]:
     def factory_for(sc):
         def factory(cfg, env_index=0, render_mode=None):
@@ -66,6 +79,7 @@ def _doom_specs() -> dict[str, EnvSpec]:
                              factory=factory_for(sc), check=check_for(sc)) for sc in ALL_SCENARIOS}
 
 
+@_specs_of("atari")
 def _atari_specs() -> dict[str, EnvSpec]:
     def factory_for(game):
         def factory(cfg, env_index=0, render_mode=None):
@@ -81,6 +95,7 @@ def _atari_specs() -> dict[str, EnvSpec]:
             for g in atari_games()}
 
 
+@_specs_of("dmlab")
 def _dmlab_specs() -> dict[str, EnvSpec]:
     def factory_for(name):
         def factory(cfg, env_index=0, render_mode=None):
@@ -96,6 +111,7 @@ def _dmlab_specs() -> dict[str, EnvSpec]:
             for name, desc in DMLAB_ENVS.items()}
 
 
+@_specs_of("test")
 def _test_specs() -> dict[str, EnvSpec]:
     def factory_for(cls):
         def factory(cfg, env_index=0, render_mode=None):
@@ -109,6 +125,7 @@ def _test_specs() -> dict[str, EnvSpec]:
             for name, cls in TEST_ENVS.items()}
 
 
+@_specs_of("mujoco")
 def _mujoco_specs() -> dict[str, EnvSpec]:
     def factory_for(name):
         def factory(cfg, env_index=0, render_mode=None):
@@ -126,8 +143,7 @@ def _mujoco_specs() -> dict[str, EnvSpec]:
                           check=check_for(name)) for name, env_id in MUJOCO_ENVS.items()}
 
 
-_FAMILIES = {"doom_": _doom_specs, "atari_": _atari_specs, "dmlab_": _dmlab_specs, "test_": _test_specs,
-             "mujoco_": _mujoco_specs}
+_FAMILIES = {f.prefix: _SPECS[f.name] for f in FAMILIES if f.listed}  # name prefix -> its specs' builder
 
 
 def _family(prefix: str) -> dict[str, EnvSpec]:

@@ -33,8 +33,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent  # sf/cfg/parse.py -> 
 # The presets (configs/<family>.json): in an installed copy (wheel, `pip install .`) the package data `sf_configs`
 # beside `sf` (setup.py maps the clone's configs/ to it); in a clone, also under `pip install -e .`, configs/ itself.
 CONFIGS_DIR = next((d for d in (REPO_ROOT / "sf_configs", REPO_ROOT / "configs") if d.is_dir()), REPO_ROOT / "configs")
-# Env families that ship a preset (sf_envs/registry.py's built-in families): a missing file is a broken install.
-FAMILIES_WITH_PRESETS = ("doom", "atari", "dmlab", "gym", "test", "mujoco", "pettingzoo")
+# Env families that ship a preset (the built-in families, listed in sf_envs/families.py, a module without imports):
+# a missing file is a broken install.
+try:
+    from sf_envs.families import FAMILY_NAMES as FAMILIES_WITH_PRESETS
+except ImportError:  # the env package is optional for the core library (as in sf.cfg.params.all_params)
+    FAMILIES_WITH_PRESETS = ()
 # Saved parameters that belong to the machine that trained, not to the experiment: enjoy mode does not layer them.
 MACHINE_KEYS = frozenset({"device"})
 
