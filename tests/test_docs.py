@@ -1,13 +1,14 @@
 """The README is a front door a newcomer reads in minutes, and the pages it links to exist: every relative link of
-README.md and docs/*.md resolves to a file (and its #anchor to a heading of that file, GitHub's way), the README keeps
-its Quick start with the two commands, stays short and has no line a terminal must wrap."""
+README.md, benchmarks/README.md and docs/*.md resolves to a file (and its #anchor to a heading of that file, GitHub's
+way), the README keeps its Quick start with the two commands, stays short and has no line a terminal must wrap; and
+benchmarks/README.md indexes every script of benchmarks/."""
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -60,3 +61,12 @@ def test_readme_is_a_front_door():
     assert len(lines) <= 250, f"README.md has {len(lines)} lines: details belong in docs/"
     long = [f"{i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 120]
     assert not long, "README.md lines over 120 characters:\n" + "\n".join(long)
+
+
+def test_benchmarks_readme_has_a_row_per_script():
+    """One row per script of benchmarks/ (its shared module common.py aside), none for a script that is gone."""
+    scripts = {p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh")} - {"common.py"}
+    rows = re.findall(r"^\| `([^`]+)` \|", (ROOT / "benchmarks" / "README.md").read_text(), flags=re.M)
+    assert len(rows) == len(set(rows)), f"benchmarks/README.md: a script with two rows: {rows}"
+    assert set(rows) == scripts, (f"benchmarks/README.md: no row for {sorted(scripts - set(rows))}; "
+                                  f"a row for no script: {sorted(set(rows) - scripts)}")
