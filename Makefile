@@ -10,7 +10,7 @@ SF_STAMP := $(SF_VENV)/.installed
 # override it: make train TRAIN_ARGS="--env doom_basic --experiment quickstart --train_for_seconds 300"
 TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_env_steps 400000
 
-.PHONY: setup setup-sf setup-slurm train test test-fast test-slow test-gpu gpu-bundle bench clean
+.PHONY: setup setup-sf setup-slurm train test test-fast test-slow test-gpu gpu-bundle gpu-rehearsal bench clean
 
 # what training needs: the venv, the package with its envs, the C++ queue, Doom's scenario data (no Slurm, no
 # Sample Factory: those are the tests' and the sweeps' set-up, `make setup-slurm` / `make setup-sf`)
@@ -81,6 +81,30 @@ test-gpu: setup
 # what a bare GPU machine lacks, for benchmarks/gpu_check.sh there (docs/benchmarks.md, "On a GPU"): .gpu_bundle/
 gpu-bundle:  # no set-up first: the script says what it lacks (make setup), in one line
 	bash benchmarks/gpu_bundle.sh
+
+# The GPU check rehearsed here with the GPU machine's versions (docs/benchmarks.md, "On a GPU": Python 3.12, torch
+# 2.11.0; PyPI's build of it, the device's own CUDA 13 build, which runs on the CPU too: download.pytorch.org's CPU
+# builds are not reachable from here), installed as the device call installs: the "image" (torch, numpy 2.3, pytest,
+# tensorboard, opencv, onnx, onnxruntime) from wheels downloaded once into $(REHEARSAL)/image, then with
+# --no-index; the bundle made by gpu_bundle.sh for that Python; a bare copy of the tree (no data/, no built queue)
+# where gpu_check.sh --device cpu installs the bundle and runs every stage, the any-device tests of tests/gpu included.
+REHEARSAL        ?= .gpu-rehearsal
+REHEARSAL_PYTHON ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12) python3.12)
+REHEARSAL_VENV   := .venv-gpu-rehearsal
+REHEARSAL_IMAGE  := "torch==2.11.0" "numpy>=2.3,<2.4" pytest tensorboard opencv-python-headless onnx onnxruntime
+gpu-rehearsal: setup
+	@$(REHEARSAL_PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null || \
+	  { echo "gpu-rehearsal: error: no CPython 3.12 ($(REHEARSAL_PYTHON)); set REHEARSAL_PYTHON"; exit 2; }
+	test -f $(REHEARSAL)/image/.complete || { $(REHEARSAL_PYTHON) -m pip download -q --only-binary=:all: \
+	  -d $(REHEARSAL)/image $(REHEARSAL_IMAGE) && touch $(REHEARSAL)/image/.complete; }
+	test -x $(REHEARSAL_VENV)/bin/python || { $(REHEARSAL_PYTHON) -m venv $(REHEARSAL_VENV) && \
+	  $(REHEARSAL_VENV)/bin/python -m pip install -q --no-index --find-links $(REHEARSAL)/image $(REHEARSAL_IMAGE) \
+	  || { rm -rf $(REHEARSAL_VENV); exit 1; }; }
+	SF_BUNDLE_BUILD_PYTHON=$(REHEARSAL_PYTHON) bash benchmarks/gpu_bundle.sh $(REHEARSAL)/bundle
+	rm -rf $(REHEARSAL)/tree && mkdir -p $(REHEARSAL)/tree && git ls-files -co --exclude-standard -z | \
+	  grep -zv '^$(REHEARSAL)/' | xargs -0 cp --parents -t $(REHEARSAL)/tree
+	cd $(REHEARSAL)/tree && SF_CHECK_PYTHON=$(CURDIR)/$(REHEARSAL_VENV)/bin/python SF_GPU_BUNDLE=$(CURDIR)/$(REHEARSAL)/bundle \
+	  bash benchmarks/gpu_check.sh $(CURDIR)/$(REHEARSAL)/check --device cpu $(REHEARSAL_ARGS)
 
 clean:
 	rm -rf build *.egg-info sf/ipc/_cqueue*.so

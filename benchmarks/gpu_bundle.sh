@@ -4,7 +4,8 @@
 #     bash benchmarks/gpu_bundle.sh [DEST]          # default DEST: .gpu_bundle (git-ignored), in the repository root
 # DEST then holds:
 #   wheels/   the packages the GPU image lacks, for its CPython 3.12 on manylinux x86-64, at the versions of this
-#             checkout's .venv (what the tests ran with): vizdoom, gymnasium, farama-notifications, tensorboardX;
+#             checkout's .venv (what the tests ran with): vizdoom, gymnasium, farama-notifications, tensorboardX,
+#             and those it may lack (cloudpickle, psutil, tqdm, pytest-timeout, pytest-xdist, execnet);
 #             with --no-deps (their other needs, numpy, cloudpickle, protobuf..., are in the image); not av (only
 #             enjoy's videos need it)
 #   cqueue/   the C++ queue sf.ipc._cqueue built by setup.py for CPython 3.12 (the image's python3 is 3.12; this
@@ -33,7 +34,9 @@ if [ -z "$pyb" ]; then  # the first that runs: a pyenv shim on the PATH may name
     done
 fi
 scenarios=${SF_DOOM_SCENARIOS:-data/doom_scenarios}
-packages=(vizdoom gymnasium farama-notifications tensorboardX)
+# what the image lacks, and what it may lack (each installed only where missing): the check's pytest plugins too
+packages=(vizdoom gymnasium farama-notifications tensorboardX cloudpickle psutil tqdm pytest-timeout pytest-xdist
+          execnet)
 limit_mib=60  # of the device call's 64 MiB: room for files the tree gains before the call
 
 die() { echo "gpu_bundle.sh: error: $*" >&2; exit 1; }

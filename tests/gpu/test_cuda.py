@@ -213,6 +213,9 @@ def test_doom_basic_trains_on_cuda(entry, tmp_path):
     assert res.returncode == 0, out[-3000:]
     assert "device cuda" in out and re.search(r"Final weights sha256: [0-9a-f]{64}", out), out[-3000:]
     assert list((tmp_path / "cuda" / "checkpoint_p0").glob("checkpoint_*.pth"))
+    from sf.utils.trained import check_trained
+    ok, why = check_trained(out, tmp_path / "cuda")  # exit 0 with every step skipped on the device would not do
+    assert ok, f"the run did not train: {why}"
 
 
 # --- action sampling from noise on CUDA (hts/ppo), in deterministic mode ----------------------------------------------

@@ -42,16 +42,30 @@ def final(out: str) -> tuple[int, int]:
     return int(found[0]), int(found[1])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory, entry, device):
-    """doom_basic trained on `device` for 4000 env frames: (the experiment directory, the run's output). Tests that
-    train it further work on a copy: the enjoy/eval/export tests get the checkpoint `device` wrote."""
+    """doom_basic trained on `device` for 4000 env frames: (the experiment directory, the run's output), made once for
+    the whole test run (pytest-xdist's processes share it: the first makes it under a file lock, in the directory
+    their temporary directories share). It must have trained (sf.utils.trained: a policy version > 0, not every step
+    skipped, the weights changed, finite losses). Tests that train it further work on a copy: the enjoy/eval/export
+    tests get the checkpoint `device` wrote."""
     pytest.importorskip("vizdoom")
-    train_dir = tmp_path_factory.mktemp("trained")
-    res = entry("train.py", *doom_args(train_dir, device, "--train_for_env_steps", "4000"), timeout=300)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-3000:]
+    from filelock import FileLock  # (torch's own dependency)
+
+    from sf.utils.trained import check_trained
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else \
+        tmp_path_factory.getbasetemp()
+    train_dir, log = shared / f"trained_{device}", shared / f"trained_{device}.txt"
+    with FileLock(str(shared / f"trained_{device}.lock")):
+        if not log.is_file():
+            res = entry("train.py", *doom_args(train_dir, device, "--train_for_env_steps", "4000"), timeout=300)
+            out = res.stdout + res.stderr
+            assert res.returncode == 0, out[-3000:]
+            log.write_text(out)
+    out = log.read_text()
     assert ran_on(device, out), out[-3000:]
+    ok, why = check_trained(out, train_dir / "e2e")
+    assert ok, f"the run did not train: {why}"
     return train_dir / "e2e", out
 
 
