@@ -137,4 +137,4 @@ def test_a_run_that_skips_every_step_fails_the_train_stage(tmp_path):
     status, _, figure = summary(out)["train"]
     assert status == "FAIL" and "train.py exit code 0 but not trained: policy version 0" in figure, figure
     assert re.search(r"every optimizer step skipped \(([1-9]\d*) of \1\)", figure), figure
-    assert "weights unchanged from the start" in figure, figure
+    assert "non-finite train/grad_norm" in figure, figure  # (the weights' digest moved: the input normalizer learns)
