@@ -22,6 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sf_envs.families import FAMILIES  # noqa: E402
+
 # What the caller sets for both sides (or what does not change what is trained)
 RUN_KEYS = frozenset({
     "env", "experiment", "train_dir", "restart_behavior", "seed", "device", "train_for_env_steps",
@@ -38,7 +40,7 @@ RUN_KEYS = frozenset({
     "eval_deterministic", "video_frames", "video_gif", "video_name", "doom_scenarios_dir",
     "doom_multiplayer_port_min", "doom_multiplayer_port_max", "doom_multiplayer_timeout_sec", "doom_restart_engine_steps",
 })
-FAMILY_PREFIXES = ("atari_", "doom_", "dmlab_", "mujoco_", "pettingzoo_")
+FAMILY_PREFIXES = tuple(f.prefix for f in FAMILIES if f.prefix.endswith("_"))  # (their parameters share it)
 
 _DEFAULTS_SCRIPT = """
 import argparse, importlib, json, sys
@@ -95,7 +97,7 @@ def translate(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[list[str], 
     parameters it has no flag or no such value for). `ours`: a run's config.json."""
     from sf.cfg.sf_compat import SF_FLAGS
     alias_of = {f.name: f.target for f in SF_FLAGS if f.kind == "alias" and f.value is None}
-    family = ours["env"].split("_")[0] + "_"
+    family = next((p for p in FAMILY_PREFIXES if ours["env"].startswith(p)), "-")
     other_family = lambda k: k.startswith(FAMILY_PREFIXES) and not k.startswith(family)  # noqa: E731
     # --sync_mode async is Sample Factory's --async_rl True; ppo its False (its alias maps values: spelled out here)
     flags = [] if (ours["sync_mode"] == "async") == bool(theirs["async_rl"]) else \

@@ -21,7 +21,7 @@ FINITE_TAGS = re.compile(r"^train/(.*loss|entropy|grad_norm)$")
 
 def check_trained(log_text: str, exp_dir: Path) -> tuple[bool, str]:
     """(whether the run trained, one line: the figures, or what is missing)."""
-    from sf.runner.stats import read_event_scalars
+    from sf.utils.events import read_scalar_events
     done, final = DONE.findall(log_text), FINAL.findall(log_text)
     if not done:
         return False, "no Done line with the optimizer steps skipped"
@@ -33,8 +33,8 @@ def check_trained(log_text: str, exp_dir: Path) -> tuple[bool, str]:
         problems.append(f"every optimizer step skipped ({skipped} of {steps})")
     if not final or final[-1] != "changed":
         problems.append("weights unchanged from the start" if final else "no Final weights line")
-    scalars = read_event_scalars(exp_dir)
-    losses = {tag: [v for _, v in points] for tag, points in scalars.items() if FINITE_TAGS.match(tag)}
+    scalars = read_scalar_events(exp_dir)
+    losses = {tag: [v for _, _, v in points] for tag, points in scalars.items() if FINITE_TAGS.match(tag)}
     bad = sorted(tag for tag, values in losses.items() if not all(math.isfinite(v) for v in values))
     if not losses:
         problems.append("no loss in TensorBoard")
