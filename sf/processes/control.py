@@ -6,6 +6,7 @@ starts and supervises the workers) and by the workers themselves.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import time
@@ -178,6 +179,58 @@ def limit_threads(num_threads: int) -> None:
         pass
 
 
+# The CUDA driver's own library: whatever initializes CUDA in a process (torch, jax, a GPU renderer) does it there.
+CUDA_DRIVER = "libcuda.so.1"
+CUDA_ERROR_NOT_INITIALIZED = 3  # (cuda.h) every driver call but cuInit answers it until cuInit has run in the process
+_driver_checks: list[tuple[str, bool | None]] = []  # the fork server's (what it had imported, CUDA initialized?)
+
+
+def cuda_driver_initialized() -> bool | None:
+    """Whether this process initialized the CUDA driver (cuInit ran), asked of the driver without initializing it:
+    cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED before cuInit, anything else (success, 0) after. torch's own
+    flag (torch.cuda._is_in_bad_fork) sees only torch's initialization, and nothing done from C++ or by another library.
+    None: no driver to ask (no libcuda: no NVIDIA driver, so nothing can have initialized CUDA here). Loading the
+    library initializes nothing: a process forked after it can still initialize CUDA itself."""
+    try:
+        driver = ctypes.CDLL(CUDA_DRIVER)
+    except OSError:
+        return None
+    count = ctypes.c_int()
+    return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
+
+
+def check_cuda_driver(imported: str) -> None:
+    """In the fork server, once it imported `imported`: has anything initialized CUDA? Every worker is forked from it,
+    and a child of a process that initialized CUDA cannot use CUDA ("initialization error"). The answer is kept in this
+    process, so every worker forked from it inherits it: a CUDA process refuses to start in one line that names the
+    culprit (forked_from_cuda), and a CPU run, which no initialized CUDA harms, runs. (Not a fall-back to spawn: spawned
+    workers each import torch again, minutes and gigabytes for a large run, to hide a bug the user can fix.)"""
+    initialized = cuda_driver_initialized()
+    if initialized is None:  # (a debug line: the fork server configures no logging; seen where a test configures it)
+        logging.getLogger("sf").debug("fork server: no CUDA driver here (%s cannot be loaded): nothing to check",
+                                      CUDA_DRIVER)
+    _driver_checks.append((imported, initialized))
+
+
+def driver_checks() -> list[tuple[str, bool | None]]:
+    """The fork server's driver checks, in order (inherited by the workers forked from it; [] elsewhere)."""
+    return list(_driver_checks)
+
+
+def forked_from_cuda() -> str | None:
+    """Why this process cannot use CUDA because of the process it was forked from, or None."""
+    culprit = next((imported for imported, initialized in _driver_checks if initialized), None)
+    if culprit is not None:
+        return (f"the fork server it was forked from had initialized CUDA once it imported {culprit}, and a child of "
+                f"such a process cannot use CUDA: make that code initialize CUDA only when called (in the env's "
+                f"factory, under `if __name__ == \"__main__\":`), or train with --device cpu")
+    import torch
+    if torch.cuda._is_in_bad_fork():  # (torch's own flag, set in a forked child whose parent initialized CUDA)
+        return ("it was forked from a process that had initialized CUDA: CUDA processes must be started by the fork "
+                "server or with spawn")
+    return None
+
+
 def bind_device(device) -> None:
     """Make `device` this thread's current CUDA device (nothing for the CPU). Every process and thread that does CUDA
     work calls it first: a new process or thread starts on GPU 0, and any CUDA call that names no device (a stream, an
@@ -185,14 +238,14 @@ def bind_device(device) -> None:
     `cuda:1` trains on another GPU.
 
     A process forked from one that had initialized CUDA cannot use CUDA at all: said here in one line, before the
-    first CUDA call fails with "Cannot re-initialize CUDA in forked subprocess"."""
+    first CUDA call fails with "Cannot re-initialize CUDA in forked subprocess" (forked_from_cuda)."""
     import torch
     device = torch.device(device)
     if device.type != "cuda":
         return
-    if torch.cuda._is_in_bad_fork():  # (torch's own flag, set in a forked child whose parent initialized CUDA)
-        raise RuntimeError(f"process {os.getpid()} was forked from a process that had initialized CUDA and cannot use "
-                           f"{device}: CUDA processes must be started by the fork server or with spawn")
+    why = forked_from_cuda()
+    if why is not None:
+        raise RuntimeError(f"process {os.getpid()} cannot use {device}: {why}")
     torch.cuda.set_device(device.index or 0)  # ("cuda" names the current device: a new process's or thread's is 0)
 
 

@@ -2,9 +2,9 @@
 
 Whatever is imported here is imported once, and its memory pages are shared by every worker (copy-on-write).
 """
-import gc
 import os
 import signal
+import sys
 
 # The workers live in a process group of their own: what a terminal's Ctrl-C or `timeout`/a batch system's SIGTERM
 # sends to the foreground group reaches the runner alone, which stops its workers in order (final checkpoint first).
@@ -37,10 +37,10 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 import torch  # noqa: E402,F401
 
 import sf.learning.learner  # noqa: E402,F401
+from sf.processes.control import check_cuda_driver  # noqa: E402
 import sf.runner.supervision  # noqa: E402,F401
 import sf.sampling.policy_worker  # noqa: E402,F401
 import sf.sampling.rollout_worker  # noqa: E402,F401
-
 
 
 def _warm_up() -> None:
@@ -66,6 +66,7 @@ def _warm_up() -> None:
 
 _warm_up()
 
-# Objects that exist now live for the process's lifetime: keep the cyclic GC from touching (and so copying) their pages
-# in every worker.
-gc.freeze()
+# The Python-level care above (tests/runner/test_fork_server.py) asked of the driver itself; the env modules, preloaded
+# after this module, are asked about by sf/runner/fork_server_ready.py, the last module preloaded.
+check_cuda_driver("train.py's imports (__main__), torch, sf's worker modules and the warm-up")
+PRELOADED = frozenset(sys.modules)  # (what the env modules add: named by fork_server_ready's check)

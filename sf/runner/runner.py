@@ -55,7 +55,7 @@ from sf.runner.reports import ReportReader
 from sf.runner.serial import run_serial
 from sf.runner.stats import RunStats, format_duration, progress_bar
 from sf.runner.stopping import checkpoint_note, sigterm_deadline, stop_processes
-from sf.runner.supervision import TRACE_LOG, child_main, kill_adopted, worker_context
+from sf.runner.supervision import TRACE_LOG, child_args, child_main, kill_adopted, worker_context
 from sf.runner.watchdog import StallWatchdog
 from sf.sampling.policy_worker import run_policy_worker
 from sf.sampling.rollout_worker import run_rollout_worker
@@ -246,7 +246,7 @@ class Runner:
         """Start process `name` from the fork server. A start the system refuses (the fork server's limit on file
         descriptors, no memory or process slot left for a fork, the fork server gone) raises RunError, one line; run()
         then stops what was started."""
-        args = (name, self.queues.report, os.getpid(), unwind, target, *args)
+        args = child_args(name, self.queues.report, os.getpid(), unwind, target, *args)
         p = self.context.Process(target=child_main, args=args, name=name, daemon=False)
         self.state.set_started(self.state.heartbeat_slot(name), False)  # its start-up counts toward a (longer) stall
         try:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import io
 import logging
 import os
+import pickle
 import sys
 import signal
 import tempfile
@@ -23,9 +25,10 @@ import time
 import traceback
 
 import psutil
+from multiprocessing.reduction import ForkingPickler
 
-from sf.processes.control import (RUNNER_PID_VAR, ParentDied, _raise_parent_died, die_with_parent, kill_processes,
-                                 runner_alive, set_parent, set_process_name)
+from sf.processes.control import (RUNNER_PID_VAR, ParentDied, _raise_parent_died, die_with_parent, forked_from_cuda,
+                                 kill_processes, runner_alive, set_parent, set_process_name)
 
 # torchrun (data-parallel ranks, sf/distributed.py): every line names its rank
 _RANK = f"[rank {os.environ.get('RANK', '0')}]" if os.environ.get("WORLD_SIZE", "1") != "1" else ""
@@ -55,7 +58,7 @@ def worker_context(env_modules: list[str]):
 
     import torch.multiprocessing
     ctx = torch.multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", "sf.runner.fork_server", *env_modules])
+    ctx.set_forkserver_preload(["__main__", "sf.runner.fork_server", *env_modules, "sf.runner.fork_server_ready"])
     os.environ[RUNNER_PID_VAR] = str(os.getpid())  # (sf/runner/fork_server.py: is its parent still alive?)
     multiprocessing.forkserver.ensure_running()  # now: it is one of the runner's own children, not an adopted orphan
     return ctx
@@ -209,6 +212,69 @@ def _on_sigterm(unwind: bool, signum, frame) -> None:
     os._exit(128 + signum)
 
 
+class ArgumentsError(RuntimeError):
+    """A child could not unpickle its arguments in its own process: a replacement would fail the same way."""
+    stops_the_run = True
+
+
+class _Pickler(ForkingPickler):
+    """multiprocessing's pickler (descriptors and shared tensors are passed as for any argument), which refers to the
+    report queue instead of pickling it again: child_main receives it among its own arguments, and each copy's
+    descriptors would count toward what the fork server may send a process (sf.processes.fds.MAX_FDS_SENT)."""
+
+    def __init__(self, file, report_queue):
+        super().__init__(file)
+        self.report_queue = report_queue
+
+    def persistent_id(self, obj):
+        return "report_queue" if obj is self.report_queue else None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, report_queue):
+        super().__init__(file)
+        self.report_queue = report_queue
+
+    def persistent_load(self, pid):
+        if pid != "report_queue":
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        return self.report_queue
+
+
+class _Arguments:
+    """A child's target and arguments, pickled apart from child_main's own arguments when the process is started, so
+    that child_main unpickles them inside its guard. multiprocessing unpickles a process's arguments before its target
+    runs: an argument that cannot be unpickled in the new process (a CUDA tensor where the process cannot use CUDA)
+    ended it with torch's traceback on the fork server's stderr, and nothing in the run's log."""
+
+    def __init__(self, report_queue, target, args):
+        self.report_queue, self.target, self.args = report_queue, target, args
+
+    def __reduce__(self):  # called while multiprocessing pickles the process: the descriptors go with it
+        buf = io.BytesIO()
+        _Pickler(buf, self.report_queue).dump((self.target, self.args))
+        return _PickledArguments, (buf.getvalue(),)
+
+
+class _PickledArguments:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def load(self, name: str, report_queue):
+        try:
+            return _Unpickler(io.BytesIO(self.data), report_queue).load()
+        except Exception as e:  # noqa: B902 — whatever fails here is reported in one line, not as a torch traceback
+            first = str(e).strip().splitlines()[0] if str(e).strip() else "(no message)"
+            why = forked_from_cuda()
+            raise ArgumentsError(f"{name} cannot unpickle its arguments in its own process: {type(e).__name__}: "
+                                 f"{first}{f'; {why}' if why else ''}") from e
+
+
+def child_args(name: str, report_queue, runner_pid: int, unwind: bool, target, *args) -> tuple:
+    """child_main's arguments for a child that runs `target(*args)`: those unpickled inside its guard (_Arguments)."""
+    return name, report_queue, runner_pid, unwind, _Arguments(report_queue, target, args)
+
+
 def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *args) -> None:
     """Entry point of every child process: set-up, run `target(*args)`, report a crash with its traceback.
 
@@ -216,6 +282,7 @@ def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *
     signal was armed (it can die at any moment of our start-up) would otherwise leave this child running for good.
     `unwind`: for a worker that owns processes (env engines), the runner's death raises ParentDied in its main thread
     (SIGTERM) instead of killing it (SIGKILL), so that its `finally` blocks close the envs and their engines.
+    `target` and `args` come from child_args (unpickled here, a failure reported like a crash) or as they are.
     """
     set_process_name(name)  # top, ps: which worker this is (sf:rollout_3)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner owns Ctrl-C and stops its children in order
@@ -229,6 +296,8 @@ def child_main(name: str, report_queue, runner_pid: int, unwind: bool, target, *
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATEFMT, stream=sys.stdout)
     enable_stack_dumps(name, report_queue)
     try:
+        if isinstance(target, _PickledArguments):
+            target, args = target.load(name, report_queue)
         target(*args)
     except ParentDied:  # nobody left to report to; `finally` blocks have closed what this worker owned
         os._exit(1)

@@ -236,14 +236,17 @@ def test_num_workers_auto_measures_on_the_device(device, tmp_path):
 
 def _train_step(device, cfg, obs_space, action_space, send) -> None:
     """In a process forked by the fork server: the doom model on `device`, a forward, a backward and an Adam step; sends
-    (the loss, the parameters' device, whether the fork server had imported sf.runner.fork_server, the parent's pid),
-    or the traceback (and exits 1)."""
+    (the loss, the parameters' device, whether the fork server had imported sf.runner.fork_server, the parent's pid,
+    the fork server's driver checks, inherited: taken before this process touched CUDA), or the traceback (and exits
+    1)."""
     import traceback
 
     import torch
 
     from model_test_helpers import make_obs
     from sf.model.actor_critic import create_actor_critic
+    from sf.processes.control import driver_checks
+    checks = driver_checks()
     try:
         model = create_actor_critic(cfg, obs_space, action_space).to(device)
         optimizer = torch.optim.Adam(model.parameters())
@@ -258,7 +261,7 @@ def _train_step(device, cfg, obs_space, action_space, send) -> None:
         send.send(traceback.format_exc())
         raise
     send.send((float(loss.detach()), str(next(model.parameters()).device), "sf.runner.fork_server" in sys.modules,
-               os.getppid()))
+               os.getppid(), checks))
 
 
 @pytest.mark.doom
@@ -266,7 +269,9 @@ def test_a_worker_forked_by_the_fork_server_trains_on_cuda(tmp_path):
     """The fork server started as the runner starts it (supervision.worker_context: torch, the worker modules, the
     env's modules preloaded, the warm-up run) forks a process that builds the doom model on CUDA and takes an Adam
     step: exit code 0 and a finite loss. A worker forked from a process that initialized CUDA cannot use it ("Cannot
-    re-initialize CUDA in forked subprocess"): nothing the fork server ran, Python or C++, did."""
+    re-initialize CUDA in forked subprocess"): nothing the fork server ran, Python or C++, did, and the driver itself
+    said so to the fork server after its warm-up and after the env modules (sf.processes.control.check_cuda_driver:
+    cuDeviceGetCount answered CUDA_ERROR_NOT_INITIALIZED; None would be no driver found)."""
     pytest.importorskip("vizdoom")
     from sf.cfg import parse_cfg
     from sf.runner.preflight import probe_env
@@ -289,8 +294,10 @@ def test_a_worker_forked_by_the_fork_server_trains_on_cuda(tmp_path):
         if child.is_alive():
             child.kill()
         assert child.exitcode == 0 and isinstance(reply, tuple), f"exit code {child.exitcode}: {reply}"
-        loss, param_device, preloaded, parent = reply
+        loss, param_device, preloaded, parent, checks = reply
         assert math.isfinite(loss) and param_device == "cuda:0"
         assert preloaded and parent == server._forkserver_pid  # forked by the warmed-up fork server
+        assert [initialized for _, initialized in checks] == [False, False], checks  # the driver: clean, twice
+        assert "vizdoom" in checks[1][0], checks  # (the second check came after the env modules)
     finally:
         server._stop()

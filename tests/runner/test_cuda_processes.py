@@ -77,8 +77,9 @@ def test_a_process_forked_from_a_cuda_parent_is_refused_in_one_line(monkeypatch)
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", calls.append)
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)  # what torch says in such a child
-    with pytest.raises(RuntimeError, match=r"forked from a process that had initialized CUDA and cannot use cuda:0: "
-                                           r"CUDA processes must be started by the fork server or with spawn$"):
+    with pytest.raises(RuntimeError, match=r"^process \d+ cannot use cuda:0: it was forked from a process that had "
+                                           r"initialized CUDA: CUDA processes must be started by the fork server or "
+                                           r"with spawn$"):
         bind_device("cuda:0")
     assert calls == []
 
