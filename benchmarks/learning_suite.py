@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import policy_lag  # noqa: E402
 from common import header, table  # noqa: E402
 from sf.cfg import ConfigError, OneLineArgumentParser, run_guarded  # noqa: E402
 
@@ -313,13 +314,24 @@ def side_by_side(task: Task, done: list, sf_dir: Path, mode: str) -> Optional[li
     frames = [min(o[-1][0], t[-1][0]) for o, t in pairs]
     seconds = [min(o[-1][1], t[-1][1]) for o, t in pairs]
     cell = lambda xs: with_ci(describe(xs), seed_count(len(xs)))  # noqa: E731
+    drift = [(drift_figures(r.exp_dir, policy_lag.OURS), drift_figures(sf_summary(sf_dir, r), policy_lag.THEIRS))
+             for r in done]
+    mean = lambda side, k: sum(d[side][k] for d in drift) / len(drift)  # noqa: E731
     return [task.name, f"SF 2.1.1, {mode}",
             f"{sum(frames) / len(frames):,.0f}",
             cell([reward_at(o, frames=f) for (o, _), f in zip(pairs, frames)]),
             cell([reward_at(t, frames=f) for (_, t), f in zip(pairs, frames)]),
             f"{sum(seconds) / len(seconds):.0f}",
             cell([reward_at(o, seconds=s) for (o, _), s in zip(pairs, seconds)]),
-            cell([reward_at(t, seconds=s) for (_, t), s in zip(pairs, seconds)])]
+            cell([reward_at(t, seconds=s) for (_, t), s in zip(pairs, seconds)]),
+            *(f"{mean(0, k):.{d}f} vs {mean(1, k):.{d}f}" for k, d in (("lag", 2), ("kl", 5), ("clip", 3)))]
+
+
+def drift_figures(summary_dir: Path, tags: dict) -> dict:
+    """Policy lag, KL from the behaviour policy and clip fraction of a run: medians over its second half
+    (benchmarks/policy_lag.py's figures; `tags`: its OURS or THEIRS)."""
+    from sf.utils.events import read_scalar_events
+    return policy_lag.figures(read_scalar_events(summary_dir) if summary_dir.is_dir() else {}, tags)
 
 
 def sf_missing(sf_python: str, module: str) -> Optional[str]:
@@ -475,9 +487,10 @@ def suite(args) -> int:
     print("Settings chosen on: " + "; ".join(f"{f}: {CHOSEN_ON[f]}" for f in families if f in CHOSEN_ON) + "\n")
     if any(pairs):
         print("Side by side (each side's average episode reward, TensorBoard's reward/reward: at the frames both "
-              "reached, and at the seconds since each one's first summary that both reached):\n" + table(
+              "reached, and at the seconds since each one's first summary that both reached; policy lag, KL from the behaviour "
+              "policy and clip fraction: medians over each run's second half, means over seeds):\n" + table(
                   [p for p in pairs if p], ["task", "against", "equal frames", "ours", "SF", "equal seconds", "ours",
-                                            "SF"]))
+                                            "SF", "policy lag, ours vs SF", "KL", "clip fraction"]))
     for mode, sf_dir in sf_dirs.items():
         given = sorted(sf_dir.glob("*.json"))
         if mode == "same" and given:
