@@ -116,10 +116,13 @@ TASKS = {t.name: t for t in [
 ]}
 # Where each family's settings were chosen (the table's note; docs/benchmarks.md, Learning, has the runs)
 CHOSEN_ON = {
-    "doom": "Sample Factory 2's Doom defaults, chosen on doom_health_gathering_supreme and doom_defend_the_center "
-            "(the paper's settings stayed at the random policy's reward there); doom_basic's own entry on doom_basic",
-    "atari": "atari_pong",
-    "mujoco": "mujoco_halfcheetah, mujoco_hopper, mujoco_walker (CleanRL's settings; minibatch 128 on seed 1)",
+    "doom": "Sample Factory 2's Doom defaults, taken for doom_health_gathering_supreme and doom_defend_the_center on "
+            "seeds 0-2 (before this protocol: the paper's settings stayed at the random policy's reward there), "
+            "--num_batches_to_accumulate on doom_defend_the_center seed 100; doom_basic's own entry on doom_basic "
+            "(seed 100 confirmed it)",
+    "atari": "atari_pong, seed 0 (before this protocol)",
+    "mujoco": "mujoco_halfcheetah, mujoco_hopper, mujoco_walker (CleanRL's settings; minibatch 128 on seed 1, a "
+              "reporting seed, before this protocol)",
 }
 # --quick (CI): doom_basic's preset on a budget that trains for ~20 s on 2 cores (a smoke test of the whole path: its
 # reward stays near the random policy's), summaries every 2 s so that the short run writes some
