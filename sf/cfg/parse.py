@@ -151,12 +151,12 @@ def load_preset(env_name: str, family: str, preset_set: Optional[str] = None) ->
                               f"{', '.join(sets) or 'its sets'}}}")
         if preset_set is None and env_name in members.get("envs", []):
             preset_set = members.get("set")
-    chosen = {} if preset_set in (None, "family") else sets.get(preset_set)
-    if chosen is None:
-        raise ConfigError(f"--preset_set {preset_set}: {shown} has no such set (its sets: "
-                          f"{', '.join(['family', *sets])})")
     values = dict(defaults)
-    values.update(_json_object(sets, preset_set, shown, "sets") if chosen else {})
+    if preset_set not in (None, "family"):
+        if preset_set not in sets:
+            raise ConfigError(f"--preset_set {preset_set}: {shown} has no such set (its sets: "
+                              f"{', '.join(['family', *sets])})")
+        values.update(_json_object(sets, preset_set, shown, "sets"))
     values.update(_json_object(envs, env_name, shown, "envs"))
     return values
 
