@@ -3,6 +3,7 @@ not in .venv; this file imports nothing of ours):
 
     python tests/sf_reference.py train --env ENV [its flags]   Sample Factory's example training of ENV (doom_, atari_)
     python tests/sf_reference.py forward SF_EXPERIMENT_DIR IN.npz OUT.npz
+    python tests/sf_reference.py init OUT.json OBS_SPEC [its flags]
 
 `forward` builds Sample Factory's actor-critic from the experiment's config.json and its env's spaces (the env made by
 Sample Factory's own env factory), loads policy 0's newest checkpoint (the file its enjoy.py picks), and runs it on the
@@ -87,6 +88,47 @@ def forward(exp_dir, npz_in, npz_out):
     return 0
 
 
+def init(out_json, obs_spec, *args):
+    """Sample Factory's actor-critic as its learner builds it (seed 0) for the observation spaces of OBS_SPEC
+    ("key=C,H,W;key=D": uint8 images, float vectors), Discrete(5) actions and its flags `args` (--env doom_...: its
+    Doom encoder and defaults). OUT.json: [[parameter name, shape, max |w|], ...] of every Linear and Conv2d weight,
+    and "orthogonal_gain": per such weight, the g with w w^T = g^2 I (rows) or w^T w = g^2 I (columns), or null."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from sample_factory.cfg.arguments import parse_full_cfg, parse_sf_args
+    from sample_factory.model.actor_critic import create_actor_critic
+
+    env = args[args.index("--env") + 1]
+    if env.startswith("doom_"):
+        from sf_examples.vizdoom.train_vizdoom import parse_vizdoom_cfg, register_vizdoom_models
+        register_vizdoom_models()
+        cfg = parse_vizdoom_cfg(argv=list(args))
+    else:
+        parser, _ = parse_sf_args(argv=list(args))
+        cfg = parse_full_cfg(parser, list(args))
+    spaces = {}
+    for item in obs_spec.split(";"):
+        key, shape = item.split("=")
+        shape = tuple(int(x) for x in shape.split(","))
+        spaces[key] = gym.spaces.Box(0, 255, shape, np.uint8) if len(shape) == 3 else \
+            gym.spaces.Box(-1.0, 1.0, shape, np.float32)
+    torch.manual_seed(0)
+    model = create_actor_critic(cfg, gym.spaces.Dict(spaces), gym.spaces.Discrete(5))
+    rows = []
+    for name, p in model.named_parameters():
+        if not name.endswith("weight") or p.dim() not in (2, 4) or name.startswith("core."):  # (not the RNN)
+            continue
+        w = p.detach().reshape(p.shape[0], -1).double()
+        gram = w @ w.t() if w.shape[0] <= w.shape[1] else w.t() @ w
+        g2 = float(gram.diagonal().mean())
+        orth = bool(torch.allclose(gram, g2 * torch.eye(gram.shape[0], dtype=torch.float64), atol=1e-5))
+        rows.append([name, list(p.shape), float(p.detach().abs().max()), g2 ** 0.5 if orth else None])
+    with open(out_json, "w") as f:
+        json.dump(rows, f)
+    return 0
+
+
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
-    sys.exit(train(rest) if command == "train" else forward(*rest))
+    sys.exit({"train": train, "forward": forward, "init": init}[command](*([rest] if command == "train" else rest)))

@@ -335,9 +335,11 @@ MODEL_PARAMS: list[Param] = [
     Param("policy_initialization", str, "orthogonal", "Initial weights of every linear and conv layer: orthogonal, "
           "xavier_uniform, or torch_default (torch's own); biases start at 0 in every case",
           choices=("orthogonal", "xavier_uniform", "torch_default")),
-    Param("policy_init_gain", optional_float, None, "Gain of --policy_initialization for every layer, the RNN left "
-          "at torch's default (Sample Factory; its default is 1.0). None: per-layer gains, sqrt(2) for the encoder, "
-          "0.01 for the action heads, 1 for the critic, and with orthogonal the RNN orthogonal per gate too",
+    Param("policy_init_gain", optional_float, None, "Gain of --policy_initialization for the layers Sample Factory "
+          "2.1.1 initializes (its default is 1.0): the action heads, the critic, the Doom measurements' MLP and the "
+          "ResNet; the conv encoder, the vector MLP encoder and the RNN keep torch's default, as they do there. None: "
+          "per-layer gains, sqrt(2) for the encoder, 0.01 for the action heads, 1 for the critic, and with orthogonal "
+          "the RNN orthogonal per gate too",
           min_value=0.0, min_exclusive=True, max_value=1000.0),
 ]
 

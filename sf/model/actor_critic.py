@@ -102,7 +102,16 @@ class ActorCritic(nn.Module):
 
     def _init_weights(self, scheme: str, gain: Optional[float]) -> None:
         """Sample Factory's ActorCritic.initialize_weights: every Linear and Conv2d layer gets a zero bias and, unless
-        `scheme` is torch_default, weights orthogonal or Xavier-uniform with `gain`; the RNN keeps torch's default.
+        `scheme` is torch_default, weights orthogonal or Xavier-uniform.
+
+        gain given (Sample Factory's --policy_init_gain): what Sample Factory 2.1.1 does in effect. Its conv encoder
+        (the conv net and its FC layers) and its vector MLP encoder are TorchScript modules, which its
+        initialize_weights does not recognise (it tests `type(layer) == nn.Linear`): their weights keep torch's
+        default (kaiming-uniform, |w| <= 1/sqrt(fan_in)). Only the other layers get `scheme` with `gain`: the action
+        heads, the critic, the Doom measurements' MLP and the IMPALA ResNet. The RNN keeps torch's default. (Gain 1
+        on every layer, as until 2026-12-07, made the Doom network's logits far more sensitive to a step: one Adam
+        step from the initial weights moved the policy 13x further in KL, and in training each SGD step moved it
+        2-3x further: docs/benchmarks.md, One SGD step against Sample Factory's.)
 
         gain None (this implementation's default): per-layer gains instead, sqrt(2) for the encoders' layers
         (followed by ELU/ReLU), 0.01 for the action heads (a nearly uniform initial policy), 1 for the critic; with
@@ -112,9 +121,13 @@ class ActorCritic(nn.Module):
         init = nn.init.orthogonal_ if scheme == "orthogonal" else nn.init.xavier_uniform_
         layer_gain = {id(h): 0.01 for h in self.action_heads}
         layer_gain[id(self.critic)] = 1.0
+        kept = set()  # the layers at torch's default weights (gain given: Sample Factory's scripted encoders)
+        if gain is not None:
+            kept = {id(m) for enc in (self.encoder, self.critic_encoder) if enc is not None
+                    for m in enc.scripted_in_sample_factory()}
         for m in self.modules():  # module order: the encoders' layers, the RNN, the heads, the critic
             if isinstance(m, (nn.Linear, nn.Conv2d)):
-                if scheme != "torch_default":
+                if scheme != "torch_default" and id(m) not in kept:
                     init(m.weight, gain=layer_gain.get(id(m), math.sqrt(2.0)) if gain is None else gain)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)

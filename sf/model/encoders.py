@@ -329,6 +329,16 @@ class ObsEncoder(nn.Module):
             out += enc.out_size
         self.out_size = out
 
+    def scripted_in_sample_factory(self) -> list[nn.Module]:
+        """The Linear and Conv2d layers that Sample Factory 2.1.1 builds inside TorchScript modules (its conv
+        encoder's conv net and FC layers, its vector MLP encoder; not the Doom measurements' MLP nor the ResNet),
+        which its weight initialization passes over (see ActorCritic._init_weights)."""
+        out = []
+        for key, is_image, enc, _ in self._inputs:
+            if isinstance(enc, ConvEncoder) or (not is_image and key != MEASUREMENTS_KEY):
+                out += [m for m in enc.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+        return out
+
     def _normalized_keys(self, cfg, spaces) -> set:
         """The keys with a running mean/std normalizer: --normalize_input_keys (None: the vector keys)."""
         if not cfg.normalize_input:

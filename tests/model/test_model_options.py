@@ -4,8 +4,12 @@ core.py ModelCoreRNN, actor_critic.py ActorCriticSeparateWeights and initialize_
 ActionParameterizationContinuousNonAdaptiveStddev). Sizes against hand arithmetic, sequences against naive loops,
 initializations against their definitions, the flags, the checkpoint's model options, and one real run that trains,
 resumes and plays."""
+import json
 import math
+import subprocess
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
@@ -251,19 +255,68 @@ def assert_orthogonal(w, gain):
 IMAGE_OBS = spaces.Dict({"obs": spaces.Box(0, 255, (3, 36, 36), "uint8")})
 
 
-@pytest.mark.parametrize("gain", [1.0, 0.5])
-def test_orthogonal_with_a_gain_every_layer(gain):
+def init_kinds(named_weights) -> list:
+    """[(shape, kind)] sorted, one per Linear/Conv2d weight (name, w) outside the RNN: kind the orthogonal gain g
+    (w w^T = g^2 I on the rows or columns, rounded), or "torch_default" (not orthogonal, |w| <= 1/sqrt(fan_in): torch's
+    kaiming-uniform bound)."""
+    out = []
+    for name, w in named_weights:
+        w2 = w.detach().reshape(w.shape[0], -1).double()
+        gram = w2 @ w2.t() if w2.shape[0] <= w2.shape[1] else w2.t() @ w2
+        g2 = float(gram.diagonal().mean())
+        if torch.allclose(gram, g2 * torch.eye(gram.shape[0], dtype=torch.float64), atol=1e-5):
+            out.append((tuple(w.shape), round(g2 ** 0.5, 4)))
+        else:
+            assert float(w.abs().max()) <= 1 / math.sqrt(w2.shape[1]) + 1e-7, name
+            out.append((tuple(w.shape), "torch_default"))
+    return sorted(out, key=str)
+
+
+# (our options, the observation spec and flags of tests/sf_reference.py init): Doom's conv encoder with measurements,
+# a vector MLP encoder with separate actor and critic, the IMPALA ResNet
+GAIN_CASES = {
+    "doom_measurements": (dict(rnn_size=512, hidden_size=512, policy_init_gain=1.0),
+                          "obs=3,72,128;measurements=23", ["--env", "doom_battle", "--policy_init_gain", "1.0"]),
+    "vector_separate": (dict(rnn_size=R, encoder_mlp_layers=[16, 16], policy_init_gain=0.5,
+                             actor_critic_share_weights=False),
+                        "obs=10", ["--env", "x", "--rnn_size", str(R), "--encoder_mlp_layers", "16", "16",
+                                   "--policy_init_gain", "0.5", "--actor_critic_share_weights", "False"]),
+    "resnet": (dict(rnn_size=R, hidden_size=32, policy_init_gain=2.0, encoder_conv_architecture="resnet_impala"),
+               "obs=3,36,36", ["--env", "x", "--rnn_size", str(R), "--encoder_conv_mlp_layers", "32",
+                               "--policy_init_gain", "2.0", "--encoder_conv_architecture", "resnet_impala"]),
+}
+
+
+@pytest.mark.parametrize("case", GAIN_CASES)
+def test_a_gain_initializes_the_layers_sample_factory_initializes(case, tmp_path):
+    """policy_init_gain given: each Linear/Conv2d weight initialized as Sample Factory 2.1.1's own model of the same
+    options has it (its scripted conv and MLP encoders at torch's default, every other layer orthogonal with the
+    gain), read from the model its create_actor_critic builds (tests/sf_reference.py init, in .venv-sf); biases 0, the
+    RNN at torch's default."""
+    from test_import_sf import SF_PYTHON
+    if not SF_PYTHON.exists():
+        pytest.skip(f"{SF_PYTHON} is absent (make setup-sf)")
+    ours_options, spec, flags = GAIN_CASES[case]
+    out = tmp_path / "sf_init.json"
+    proc = subprocess.run([str(SF_PYTHON), str(Path(__file__).resolve().parents[1] / "sf_reference.py"), "init",
+                           str(out), spec, *flags], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    theirs = sorted(((tuple(shape), "torch_default" if g is None else round(g, 4))
+                     for _, shape, _, g in json.loads(out.read_text())), key=str)
+    obs = {}
+    for item in spec.split(";"):
+        key, shape = item.split("=")
+        shape = tuple(int(x) for x in shape.split(","))
+        obs[key] = spaces.Box(0, 255, shape, np.uint8) if len(shape) == 3 else spaces.Box(-1.0, 1.0, shape, np.float32)
     torch.manual_seed(3)
-    cfg = make_cfg(**SMALL, policy_initialization="orthogonal", policy_init_gain=gain, rnn_num_layers=2,
-                   actor_critic_share_weights=False)
-    model = create_actor_critic(cfg, IMAGE_OBS, spaces.Discrete(5))
-    layers = layers_of(model)
-    assert len(layers) == 2 * 4 + 2  # two encoders of 3 convs + FC, the action head, the critic
-    for m in layers:
-        assert_orthogonal(m.weight, gain)
-        assert (m.bias == 0).all()
+    model = create_actor_critic(make_cfg(**ours_options), spaces.Dict(obs), spaces.Discrete(5))
+    ours = init_kinds((n, p) for n, p in model.named_parameters()
+                      if n.endswith("weight") and p.dim() in (2, 4) and ".rnn." not in n)
+    assert ours == theirs
+    assert {k for _, k in ours} == {"torch_default", ours_options["policy_init_gain"]} or case == "resnet"
+    assert all((m.bias == 0).all() for m in layers_of(model))
     for name, p in model.core.rnn.named_parameters():  # Sample Factory leaves the RNN at torch's default
-        assert p.abs().max() <= 1 / math.sqrt(R) and p.abs().max() > 0, name
+        assert 0 < p.abs().max() <= 1 / math.sqrt(ours_options["rnn_size"]), name
 
 
 def test_default_per_layer_gains():
@@ -287,12 +340,18 @@ def test_default_per_layer_gains():
 
 @pytest.mark.parametrize("gain", [None, 2.0])
 def test_xavier_uniform(gain):
-    """U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)): every weight within a, variance a^2 / 3."""
+    """U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)): every weight within a, variance a^2 / 3 (with a gain, the
+    layers Sample Factory initializes: not its scripted conv encoder, which keeps torch's default)."""
     torch.manual_seed(5)
     cfg = make_cfg(rnn_size=64, hidden_size=256, policy_initialization="xavier_uniform", policy_init_gain=gain)
     model = create_actor_critic(cfg, IMAGE_OBS, spaces.Discrete(5))
     expected = {id(model.action_heads[0]): 0.01, id(model.critic): 1.0}
+    kept = {id(m) for m in model.encoder.scripted_in_sample_factory()} if gain is not None else set()
+    assert len(kept) == (4 if gain is not None else 0)  # 3 convs + FC
     for m in layers_of(model):
+        if id(m) in kept:
+            assert m.weight.abs().max() <= 1 / math.sqrt(m.weight[0].numel()) and (m.bias == 0).all()
+            continue
         g = gain if gain is not None else expected.get(id(m), math.sqrt(2))
         fan_out, fan_in = m.weight.shape[0], m.weight[0].numel()
         fan_out *= m.weight[0, 0].numel() if m.weight.dim() == 4 else 1
