@@ -56,8 +56,13 @@ def policy_loss(log_probs: torch.Tensor, behavior_log_probs: torch.Tensor, advan
 
 def value_loss(values: torch.Tensor, behavior_values: torch.Tensor, targets: torch.Tensor, clip_value: float,
                valid: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Clipped value loss: 0.5 * mean_valid(max((v - R)^2, (v_clip - R)^2)),
-    v_clip = behavior_value + clamp(v - behavior_value, -clip_value, clip_value)."""
+    """Clipped value loss: mean_valid(max((v - R)^2, (v_clip - R)^2)),
+    v_clip = behavior_value + clamp(v - behavior_value, -clip_value, clip_value).
+
+    No 1/2 in front: Sample Factory's (its Learner._value_loss; the paper's), so that its --value_loss_coeff weighs the
+    critic as it does there. (CleanRL's 0.5 * MSE with its vf_coef 0.5 is --value_loss_coeff 0.25 here.) Until
+    2026-12-07 this had the 1/2: at Sample Factory's settings the critic's gradient was half its own, and each SGD
+    step moved the shared network's policy further (docs/benchmarks.md, One SGD step against Sample Factory's)."""
     valid = _valid(values, valid)
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     v = torch.where(valid, values, zero)
@@ -65,7 +70,7 @@ def value_loss(values: torch.Tensor, behavior_values: torch.Tensor, targets: tor
     ret = torch.where(valid, targets, zero)
     v_clipped = old + torch.clamp(v - old, -clip_value, clip_value)
     err = torch.max((v - ret) ** 2, (v_clipped - ret) ** 2)
-    return 0.5 * masked_mean(err, valid)
+    return masked_mean(err, valid)
 
 
 def entropy_loss(entropy: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:

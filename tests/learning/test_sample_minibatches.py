@@ -58,7 +58,7 @@ def _oracle_train(cfg, model, exp, perm_generator) -> torch.nn.Module:
                 policy = policy - torch.min(ratio * a_s, torch.clamp(ratio, 1 / (1 + eps), 1 + eps) * a_s)
                 v, old, r = out.values[0], exp["values"][i, t], float(ret[t, i])
                 v_clip = old + torch.clamp(v - old, -cfg.ppo_clip_value, cfg.ppo_clip_value)
-                value = value + 0.5 * torch.max((v - r) ** 2, (v_clip - r) ** 2)
+                value = value + torch.max((v - r) ** 2, (v_clip - r) ** 2)
                 entropy = entropy - (logp.exp() * logp).sum()
             m = len(samples)
             loss = policy / m + cfg.value_loss_coeff * value / m - cfg.exploration_loss_coeff * entropy / m
