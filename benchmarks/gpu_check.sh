@@ -545,6 +545,14 @@ rm -f "$out"/*.log "$out"/*.xml "$out/summary.txt" "$out/logs.tar.gz" "$out"/wor
 mkdir -p "$out/work"
 summary=$out/summary.txt
 start=$SECONDS failed=0 passed=0 skipped=0
+reap_stage() {  # GROUP: what a stage left in its process group when `timeout` returned, stopped
+    # timeout exits once the stage's shell is gone; on a time-out its SIGTERM also reached the stage's runs, and a
+    # train.py then stops in order (a final checkpoint): they get 10 s more, then SIGKILL, before the next stage starts
+    local waited=0
+    while kill -0 -- "-$1" 2>/dev/null && [ $waited -lt 10 ]; do sleep 1; waited=$((waited + 1)); done
+    kill -KILL -- "-$1" 2>/dev/null
+    stage_group=""
+}
 record() {  # STATUS STAGE SECONDS FIGURE
     printf '%s %-13s %4ss  %s\n' "$1" "$2" "$3" "$4" | tee -a "$summary"
     case "$1" in PASS) passed=$((passed + 1));; FAIL) failed=$((failed + 1));; SKIP) skipped=$((skipped + 1));; esac
@@ -560,8 +568,8 @@ finish() {  # the result line, every log in one file (a device call brings back 
 echo "# gpu_check.sh --device $device on $(cat /proc/sys/kernel/hostname) ($(nproc) cores)," \
      "$(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)" | tee "$summary"
 # killed from outside (the device call's own limit): the summary still ends with the stage it stopped and a result
-trap 'trap - TERM INT; record FAIL "${stage:-setup}" 0 "interrupted by a signal (the call past its own limit?)"; finish 143' \
-    TERM INT
+trap 'trap - TERM INT; [ -n "${stage_group:-}" ] && kill -TERM -- "-$stage_group" 2>/dev/null && reap_stage "$stage_group"
+      record FAIL "${stage:-setup}" 0 "interrupted by a signal (the call past its own limit?)"; finish 143' TERM INT
 if [ -n "$bad" ]; then
     echo "gpu_check.sh: error: $bad" >&2
     record FAIL setup 0 "bad arguments: $bad"
@@ -648,8 +656,11 @@ for stage in "${STAGES[@]}"; do
     echo "gpu_check: $stage (limit ${stage_limit} s) ..."
     t=$SECONDS
     SFC_LOG=$log SFC_LIMIT=$stage_limit timeout -k 5 $((stage_limit - 5)) bash "$self" --internal-stage "$stage" \
-        >"$log" 2>&1
+        >"$log" 2>&1 &
+    stage_group=$!  # timeout leads a process group of its own, the stage's processes in it
+    wait "$stage_group"
     rc=$?
+    reap_stage "$stage_group"
     took=$((SECONDS - t))
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
         record FAIL "$stage" "$took" "timed out (limit ${stage_limit} s); last line: $(last_line "$log")"
