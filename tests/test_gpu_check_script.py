@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,7 @@ LINE = re.compile(r"^(PASS|FAIL|SKIP) (\S+) +(\d+)s  (.*)$")
 
 def run_check(out_dir, *args, env=None, timeout=540):
     # this interpreter: the one CI set up, whatever .venv/bin/python is
-    full_env = dict(os.environ, SF_CHECK_PYTHON=sys.executable, **(env or {}))
+    full_env = {**os.environ, "SF_CHECK_PYTHON": sys.executable, **(env or {})}
     return subprocess.run(["bash", str(SCRIPT), str(out_dir), "--device", "cpu", *args], capture_output=True,
                           text=True, timeout=timeout, env=full_env, cwd=ROOT)
 
@@ -138,3 +139,77 @@ def test_a_run_that_skips_every_step_fails_the_train_stage(tmp_path):
     assert status == "FAIL" and "train.py exit code 0 but not trained: policy version 0" in figure, figure
     assert re.search(r"every optimizer step skipped \(([1-9]\d*) of \1\)", figure), figure
     assert "non-finite train/grad_norm" in figure, figure  # (the weights' digest moved: the input normalizer learns)
+
+
+def _wheel(path, name: str, version: str) -> None:
+    """A minimal pure-Python wheel of package `name` (a module printing nothing) at `path`."""
+    import base64
+    import hashlib
+    import zipfile
+    files = {f"{name}/__init__.py": b"",
+             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                  b"Tag: py3-none-any\n"}
+    record = "".join(f"{f},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},"
+                     f"{len(b)}\n" for f, b in files.items()) + f"{name}-{version}.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for f, b in files.items():
+            z.writestr(f, b)
+        z.writestr(f"{name}-{version}.dist-info/RECORD", record)
+
+
+def test_a_refused_wheel_is_named_and_the_others_install(tmp_path):
+    """The setup stage installs the bundle's wheels one pip call each: a broken wheel is named in its line (REFUSED)
+    and the good one beside it is installed all the same. Into a throwaway venv that sees this one's packages (a .pth
+    adding its site-packages), not into the environment the tests run in."""
+    import sysconfig
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "zz_test_parent.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    bundle = tmp_path / "bundle"
+    (bundle / "wheels").mkdir(parents=True)
+    _wheel(bundle / "wheels" / "sfcheckgood-1.0-py3-none-any.whl", "sfcheckgood", "1.0")
+    (bundle / "wheels" / "sfcheckbroken-1.0-py3-none-any.whl").write_bytes(b"not a zip file")
+    out = tmp_path / "check"
+    res = run_check(out, "--stages", "setup", env={"SF_CHECK_PYTHON": str(py), "SF_GPU_BUNDLE": str(bundle)},
+                    timeout=300)
+    status, _, figure = summary(out)["setup"]
+    assert "WHEELS REFUSED" in figure and "sfcheckbroken-1.0-py3-none-any.whl" in figure, (figure, res.stdout[-2000:])
+    assert "sfcheckgood-1.0" in figure.split("WHEELS REFUSED")[0], figure  # installed, named in "wheels installed"
+    assert subprocess.run([str(py), "-c", "import sfcheckgood"]).returncode == 0
+    assert "REFUSED: sfcheckbroken-1.0-py3-none-any.whl" in (out / "setup.log").read_text()
+    assert status == "FAIL" and res.returncode == 1, (status, res.returncode, figure)
+
+
+@pytest.mark.e2e
+@pytest.mark.doom
+def test_a_stage_past_the_budget_is_stopped_and_the_rest_reported(tmp_path):
+    """A train stage that would run for hours (SF_CHECK_TRAIN_ARGS: no frame limit, a day of seconds) under a 45-s
+    budget: `timeout` stops it at the deadline (FAIL "timed out"), the stage after it finds no time left (FAIL "not
+    run"), the script ends within the budget and a few seconds with its result line, and no process of the run is
+    left behind."""
+    import psutil
+    pytest.importorskip("vizdoom")
+    out = tmp_path / "check"
+    res = run_check(out, "--stages", "train,enjoy", "--budget", "45",
+                    env={"SF_CHECK_TRAIN_ARGS": "--train_for_env_steps 100000000000 --train_for_seconds 86400"},
+                    timeout=180)
+    rows = summary(out)
+    status, took, figure = rows["train"]
+    limit = re.search(r"timed out \(limit (\d+) s\)", figure)
+    assert status == "FAIL" and limit and int(limit.group(1)) <= 45, (rows["train"], res.stdout[-2000:])
+    assert took <= int(limit.group(1)) + 15, took  # (its processes get 10 s to stop in order, then SIGKILL)
+    assert rows["enjoy"][0] == "FAIL" and "not run" in rows["enjoy"][2], rows["enjoy"]
+    assert rows["#result"].startswith("FAIL: 0 passed, 2 failed") and res.returncode == 1, rows["#result"]
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(out) in part for part in (p.info["cmdline"] or [])):
+                left.append(p.info["cmdline"])
+        except psutil.Error:
+            pass
+    assert not left, left
