@@ -3,7 +3,7 @@ not in .venv; this file imports nothing of ours):
 
     python tests/sf_reference.py train --env ENV [its flags]   Sample Factory's example training of ENV (doom_, atari_)
     python tests/sf_reference.py forward SF_EXPERIMENT_DIR IN.npz OUT.npz
-    python tests/sf_reference.py init OUT.json OBS_SPEC [its flags]
+    python tests/sf_reference.py init OUT.npz OBS_SPEC [its flags]
 
 `forward` builds Sample Factory's actor-critic from the experiment's config.json and its env's spaces (the env made by
 Sample Factory's own env factory), loads policy 0's newest checkpoint (the file its enjoy.py picks), and runs it on the
@@ -88,11 +88,10 @@ def forward(exp_dir, npz_in, npz_out):
     return 0
 
 
-def init(out_json, obs_spec, *args):
+def init(out_npz, obs_spec, *args):
     """Sample Factory's actor-critic as its learner builds it (seed 0) for the observation spaces of OBS_SPEC
     ("key=C,H,W;key=D": uint8 images, float vectors), Discrete(5) actions and its flags `args` (--env doom_...: its
-    Doom encoder and defaults). OUT.json: [[parameter name, shape, max |w|], ...] of every Linear and Conv2d weight,
-    and "orthogonal_gain": per such weight, the g with w w^T = g^2 I (rows) or w^T w = g^2 I (columns), or null."""
+    Doom encoder and defaults). OUT.npz: parameter name -> weight, every Linear and Conv2d weight outside the RNN."""
     import gymnasium as gym
     import numpy as np
     import torch
@@ -115,20 +114,11 @@ def init(out_json, obs_spec, *args):
             gym.spaces.Box(-1.0, 1.0, shape, np.float32)
     torch.manual_seed(0)
     model = create_actor_critic(cfg, gym.spaces.Dict(spaces), gym.spaces.Discrete(5))
-    rows = []
-    for name, p in model.named_parameters():
-        if not name.endswith("weight") or p.dim() not in (2, 4) or name.startswith("core."):  # (not the RNN)
-            continue
-        w = p.detach().reshape(p.shape[0], -1).double()
-        gram = w @ w.t() if w.shape[0] <= w.shape[1] else w.t() @ w
-        g2 = float(gram.diagonal().mean())
-        orth = bool(torch.allclose(gram, g2 * torch.eye(gram.shape[0], dtype=torch.float64), atol=1e-5))
-        rows.append([name, list(p.shape), float(p.detach().abs().max()), g2 ** 0.5 if orth else None])
-    with open(out_json, "w") as f:
-        json.dump(rows, f)
+    np.savez(out_npz, **{name: p.detach().numpy() for name, p in model.named_parameters()
+                         if name.endswith("weight") and p.dim() in (2, 4) and not name.startswith("core.")})
     return 0
 
 
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
-    sys.exit({"train": train, "forward": forward, "init": init}[command](*([rest] if command == "train" else rest)))
+    sys.exit(train(rest) if command == "train" else {"forward": forward, "init": init}[command](*rest))

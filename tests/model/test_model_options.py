@@ -4,7 +4,6 @@ core.py ModelCoreRNN, actor_critic.py ActorCriticSeparateWeights and initialize_
 ActionParameterizationContinuousNonAdaptiveStddev). Sizes against hand arithmetic, sequences against naive loops,
 initializations against their definitions, the flags, the checkpoint's model options, and one real run that trains,
 resumes and plays."""
-import json
 import math
 import subprocess
 from pathlib import Path
@@ -297,12 +296,12 @@ def test_a_gain_initializes_the_layers_sample_factory_initializes(case, tmp_path
     if not SF_PYTHON.exists():
         pytest.skip(f"{SF_PYTHON} is absent (make setup-sf)")
     ours_options, spec, flags = GAIN_CASES[case]
-    out = tmp_path / "sf_init.json"
+    out = tmp_path / "sf_init.npz"
     proc = subprocess.run([str(SF_PYTHON), str(Path(__file__).resolve().parents[1] / "sf_reference.py"), "init",
                            str(out), spec, *flags], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    theirs = sorted(((tuple(shape), "torch_default" if g is None else round(g, 4))
-                     for _, shape, _, g in json.loads(out.read_text())), key=str)
+    with np.load(out) as weights:
+        theirs = init_kinds((name, torch.from_numpy(weights[name])) for name in weights.files)
     obs = {}
     for item in spec.split(";"):
         key, shape = item.split("=")
