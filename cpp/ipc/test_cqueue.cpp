@@ -320,6 +320,26 @@ bool wait_for_waiters(const cq_handle &h, uint32_t cons, uint32_t prods) {
     return false;
 }
 
+// Stop `pids` (SIGSTOP) at a moment when stats report `cons` sleeping consumers and `prods` sleeping
+// producers, and leave them stopped. A sleeper re-checks the queue every 250 ms (deregisters, relocks, looks,
+// registers again) and under load can stay in that gap a while, so a count seen once may be gone by the time
+// the test kills them; stopped, they die with the count read. Gives up after ~30 s.
+bool freeze_when_waiting(const cq_handle &h, const std::vector<pid_t> &pids, uint32_t cons, uint32_t prods) {
+    for (int attempt = 0; attempt < 30; ++attempt) {
+        if (!wait_for_waiters(h, cons, prods)) continue;
+        for (pid_t pid : pids) kill(pid, SIGSTOP);
+        for (pid_t pid : pids) {
+            int status = 0;
+            waitpid(pid, &status, WUNTRACED);
+        }
+        cq_stats st;  // (fails if one was stopped holding the queue lock: try again)
+        if (cq_get_stats(&h, &st, 1) == CQ_OK && st.consumers_waiting == cons && st.producers_waiting == prods)
+            return true;
+        for (pid_t pid : pids) kill(pid, SIGCONT);
+    }
+    return false;
+}
+
 // Sleepers SIGKILLed in get and in put are not counted as waiting any more, so that a waker never skips a live sleeper: their robust
 // waiter slots are found dead and reaped, and the wake hints follow.
 void test_killed_sleepers_are_not_counted() {
@@ -334,7 +354,7 @@ void test_killed_sleepers_are_not_counted() {
         }
         pids.push_back(pid);
     }
-    CHECK(wait_for_waiters(r.h, 3, 0));
+    CHECK(freeze_when_waiting(r.h, pids, 3, 0));
     for (pid_t pid : pids) {
         kill(pid, SIGKILL);
         waitpid(pid, nullptr, 0);
@@ -356,7 +376,7 @@ void test_killed_sleepers_are_not_counted() {
         }
         pids.push_back(pid);
     }
-    CHECK(wait_for_waiters(r.h, 0, 2));
+    CHECK(freeze_when_waiting(r.h, pids, 0, 2));
     for (pid_t pid : pids) {
         kill(pid, SIGKILL);
         waitpid(pid, nullptr, 0);
@@ -375,7 +395,7 @@ void test_killed_sleepers_are_not_counted() {
         get_one(r.h, &m, CQ_FOREVER);  // sleeps
         _exit(0);
     }
-    CHECK(wait_for_waiters(r.h, 1, 0));
+    CHECK(freeze_when_waiting(r.h, {pid}, 1, 0));
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
     usleep(60'000);                                      // (reaps are requested at most every 50 ms)
@@ -397,8 +417,14 @@ void test_lost_wake_bookkeeping_heals() {
         std::string m;
         _exit(get_one(r.h, &m, cq_deadline_after(5'000'000'000)) == CQ_OK && m == "x" ? 0 : 1);
     }
-    CHECK(wait_for_waiters(r.h, 1, 0));
-    CHECK_EQ(cq_test_wake_consumers_unaccounted(&r.h), 1);  // woken, never taken off the hint
+    // Woken, never taken off the hint. (A wake can find nobody: the sleeper re-checks the queue every 250 ms
+    // and may be between two sleeps, still counted. Nothing happens then; try again.)
+    long woken = 0;
+    for (int i = 0; i < 50 && woken == 0; ++i) {
+        CHECK(wait_for_waiters(r.h, 1, 0));
+        woken = cq_test_wake_consumers_unaccounted(&r.h);
+    }
+    CHECK_EQ(woken, 1);
     usleep(20'000);                                            // it re-registers and sleeps again
     CHECK_EQ(cq_put(&r.h, "x", 1, CQ_NONBLOCK), CQ_OK);
     int wst = 0;

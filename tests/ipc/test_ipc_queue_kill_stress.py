@@ -100,6 +100,43 @@ def test_issue15_reproducer_fresh_producers_get_through():
         assert s["consumers_waiting"] == 0 and s["producers_waiting"] == 0, (i, s)
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _freeze_registered(q: Queue, procs: list, key: str, n: int) -> None:
+    """SIGSTOP `procs` at a moment when stats()[key] == n, and leave them stopped.
+
+    A sleeper re-checks the queue every 250 ms: it deregisters, relocks, looks and registers again. Under load
+    it can stay in that gap for a while, so a count seen once may be gone by the time the test acts on it.
+    Stopped processes cannot move, so the count read after they have stopped is the count they die with.
+    """
+    t_end = time.monotonic() + 60
+    while time.monotonic() < t_end:
+        if q.stats()[key] != n:
+            time.sleep(0.01)
+            continue
+        for p in procs:
+            os.kill(p.pid, signal.SIGSTOP)
+        while any(_state(p.pid) != "T" for p in procs):
+            time.sleep(0.001)
+        try:
+            if q.stats()[key] == n:
+                return
+        except OSError:  # stopped while holding the queue lock: stats() timed out on it
+            pass
+        for p in procs:
+            os.kill(p.pid, signal.SIGCONT)
+    raise AssertionError(f"never saw {key} == {n} with the sleepers stopped in 60 s: {q.stats()}")
+
+
+def _kill(procs: list) -> None:
+    for p in procs:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+
+
 def test_stats_reports_exact_waiters_after_sleepers_are_killed():
     """Sleepers killed inside get() and put() disappear from stats() at once (they used to stay counted)."""
     ctx = mp.get_context("fork")
@@ -107,23 +144,15 @@ def test_stats_reports_exact_waiters_after_sleepers_are_killed():
     sleepers = [ctx.Process(target=q.get, kwargs={"timeout": 60}) for _ in range(3)]
     for p in sleepers:
         p.start()
-    t_end = time.monotonic() + 10
-    while q.stats()["consumers_waiting"] < 3 and time.monotonic() < t_end:
-        time.sleep(0.01)
-    assert q.stats()["consumers_waiting"] == 3
-    for p in sleepers:
-        os.kill(p.pid, signal.SIGKILL)
-        p.join()
+    _freeze_registered(q, sleepers, "consumers_waiting", 3)
+    _kill(sleepers)
     s = q.stats()
     assert (s["consumers_waiting"], s["consumers_unwoken"], s["waiters_reaped"]) == (0, 0, 3), s
     q.put(1)
     blocked = ctx.Process(target=q.put, args=(2,), kwargs={"timeout": 60})
     blocked.start()
-    t_end = time.monotonic() + 10
-    while q.stats()["producers_waiting"] < 1 and time.monotonic() < t_end:
-        time.sleep(0.01)
-    os.kill(blocked.pid, signal.SIGKILL)
-    blocked.join()
+    _freeze_registered(q, [blocked], "producers_waiting", 1)
+    _kill([blocked])
     s = q.stats()
     assert (s["producers_waiting"], s["producers_unwoken"], s["waiters_reaped"]) == (0, 0, 4), s
     assert q.get(timeout=1) == 1
