@@ -442,7 +442,8 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10, help="the training budget of every run")
     ap.add_argument("--interval", type=float, default=30, help="seconds between disturbances")
     ap.add_argument("--seed", type=int, default=1, help="of both runs, and of the schedule")
-    ap.add_argument("--stall_timeout_sec", type=float, default=3, help="passed to both runs: a hung process is replaced after it")
+    ap.add_argument("--stall_timeout_sec", type=float, default=3,
+                    help="passed to both runs: a hung process is replaced after it")
     ap.add_argument("--max_restarts_per_hour", type=int, default=10, help="passed to both runs (the default)")
     ap.add_argument("--train_dir", default=None, help="keep the experiment directories here (chaos_<signal>_disturbed, "
                     "chaos_<signal>_calm); default: a temporary directory")

@@ -86,7 +86,8 @@ def measure(args, num_workers: int) -> dict:
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     start_evt, result_q = ctx.Event(), ctx.Queue()
     pin = args.affinity and num_workers <= (os.cpu_count() or 1)
-    procs = [ctx.Process(target=worker, args=(i, args, start_evt, result_q, pin), daemon=True) for i in range(num_workers)]
+    procs = [ctx.Process(target=worker, args=(i, args, start_evt, result_q, pin), daemon=True)
+             for i in range(num_workers)]
     for p in procs:
         p.start()
 
@@ -125,7 +126,8 @@ def measure(args, num_workers: int) -> dict:
 def table(rows, headers) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     fmt = " | ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join([fmt.format(*headers), "-|-".join("-" * w for w in widths)] + [fmt.format(*map(str, r)) for r in rows])
+    return "\n".join([fmt.format(*headers), "-|-".join("-" * w for w in widths)]
+                     + [fmt.format(*map(str, r)) for r in rows])
 
 
 def main(argv=None) -> int:

@@ -104,7 +104,7 @@ class PerStepLearner:
         from sf.learning.losses import appo_loss
         from sf.learning.vtrace import vtrace
         cfg = self.cfg
-        obs, n, t = exp["obs"]["obs"], *exp["rewards"].shape
+        obs, t = exp["obs"]["obs"], exp["rewards"].shape[1]
         h = exp["rnn_states"][:, 0]
         logits, values = [], []
         for s in range(t):
@@ -189,8 +189,8 @@ def main() -> None:
     p.add_argument("--precision", default="float32", choices=("float32", "bfloat16", "auto"),
                    help="the encoder's arithmetic (train.py --precision; auto as in async training)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: on CUDA, also timed with the batch's gather out "
-                   "of shared memory in each step (TrajectoryBuffers.gather: the learner's pinned staging and asynchronous "
-                   "copy; trajectories live in host shared memory)")
+                   "of shared memory in each step (TrajectoryBuffers.gather: the learner's pinned staging and "
+                   "asynchronous copy; trajectories live in host shared memory)")
     args = p.parse_args()
     global OBS_SPACE
     OBS_SPACE = spaces.Dict({"obs": spaces.Box(0, 255, tuple(args.frames), np.uint8)})
@@ -227,8 +227,8 @@ def main() -> None:
         def step():
             appo.train(exp, version[0])
         sec = timeit(step, args.warmup, args.iters, args.device)
-        line = (f"{arch} threads={threads} encoder {model.compute_dtype or torch.float32}: APPO.train {sec * 1000:.0f} ms/batch (median), "
-                f"{args.batch_size / sec:.0f} samples/s")
+        line = (f"{arch} threads={threads} encoder {model.compute_dtype or torch.float32}: "
+                f"APPO.train {sec * 1000:.0f} ms/batch (median), {args.batch_size / sec:.0f} samples/s")
         if arch == "convnet_simple" and OBS_SPACE["obs"].shape == (3, 72, 128):
             line += f" (x{args.batch_size / sec / NAIVE_BASELINE:.1f} the naive baseline's {NAIVE_BASELINE:.0f})"
         if args.nchw_input_too:

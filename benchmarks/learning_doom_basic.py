@@ -72,7 +72,8 @@ def first_reached(log: Path, target: float, min_episodes: int = 100) -> int | No
     return None
 
 
-POLICY_RE = re.compile(r"policy (\d+): version \d+, (\d+) frames trained\..*Avg episode reward: ([-\d.]+) \((\d+) episodes\)")
+POLICY_RE = re.compile(r"policy (\d+): version \d+, (\d+) frames trained\..*"
+                       r"Avg episode reward: ([-\d.]+) \((\d+) episodes\)")
 
 
 def population_run(args, mode: str) -> list[tuple]:
@@ -103,7 +104,8 @@ def population_run(args, mode: str) -> list[tuple]:
         print(table(rows, ["its env frames", "avg reward (its last 100 episodes)", "its episodes"]))
         hit = next((f for f, r, n in curve if n >= 100 and r >= args.target), "never")
         final = curve[-1][1] if curve else float("nan")
-        print(f"policy {p}: final average reward {final:.3f}; target {args.target} first reached at {hit} of its frames")
+        print(f"policy {p}: final average reward {final:.3f}; "
+              f"target {args.target} first reached at {hit} of its frames")
         out.append((f"{wall:.0f}", f"{final:.3f}", hit))
     return out
 

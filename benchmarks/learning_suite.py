@@ -490,8 +490,8 @@ def suite(args) -> int:
     print("Settings chosen on: " + "; ".join(f"{f}: {CHOSEN_ON[f]}" for f in families if f in CHOSEN_ON) + "\n")
     if any(pairs):
         print("Side by side (each side's average episode reward, TensorBoard's reward/reward: at the frames both "
-              "reached, and at the seconds since each one's first summary that both reached; policy lag, KL from the behaviour "
-              "policy and clip fraction: medians over each run's second half, means over seeds):\n" + table(
+              "reached, and at the seconds since each one's first summary that both reached; policy lag, KL from the "
+              "behaviour policy and clip fraction: medians over each run's second half, means over seeds):\n" + table(
                   [p for p in pairs if p], ["task", "against", "equal frames", "ours", "SF", "equal seconds", "ours",
                                             "SF", "policy lag, ours vs SF", "KL", "clip fraction"]))
     for mode, sf_dir in sf_dirs.items():

@@ -106,8 +106,8 @@ def measure(name: str, cmd: list[str], cwd: str, seconds: float) -> dict:
     text = read_log(log_path)
     return {"system": name, "first_frames_s": "never" if first is None else f"{first:.0f}",
             "fps_at_end": f"{fps_at:.0f}", "peak_pss_gib": f"{peak / 2**30:.1f}", "stop_s": f"{stop_s:.1f}",
-            "exit": rc, "traceback": "yes" if "Traceback" in text else "no", "left": f"{len(left)} proc, {len(shm_left)} shm",
-            "log": str(log_path)}
+            "exit": rc, "traceback": "yes" if "Traceback" in text else "no",
+            "left": f"{len(left)} proc, {len(shm_left)} shm", "log": str(log_path)}
 
 
 def main() -> None:
@@ -117,7 +117,8 @@ def main() -> None:
     parser.add_argument("--env", default="doom_battle")
     parser.add_argument("--sf_python", default=None, help="python of a Sample Factory 2.1.1 install (the baseline)")
     args = parser.parse_args()
-    header(f"{args.num_workers} rollout workers on this machine: train.py --env {args.env} --num_workers {args.num_workers}")
+    header(f"{args.num_workers} rollout workers on this machine: "
+           f"train.py --env {args.env} --num_workers {args.num_workers}")
     seconds = args.minutes * 60
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,13 +127,14 @@ def main() -> None:
         runs.append(measure("ours", ours, str(ROOT), seconds))
         if args.sf_python:
             sf = [args.sf_python, "-m", "sf_examples.vizdoom.train_vizdoom", f"--env={args.env}",
-                  f"--num_workers={args.num_workers}", "--device=cpu", f"--train_dir={tmp}/sf", "--experiment=many_workers",
-                  "--restart_behavior=overwrite"]
+                  f"--num_workers={args.num_workers}", "--device=cpu", f"--train_dir={tmp}/sf",
+                  "--experiment=many_workers", "--restart_behavior=overwrite"]
             runs.append(measure("sample_factory_2.1.1", sf, tmp, seconds))
     keys = ["system", "first_frames_s", "fps_at_end", "peak_pss_gib", "stop_s", "exit", "traceback", "left"]
     print(table([[r[k] for k in keys] for r in runs], keys))
     if len(runs) == 2 and runs[1]["fps_at_end"] != "nan":
-        print(f"\nframes/s ratio ours / Sample Factory: {float(runs[0]['fps_at_end']) / float(runs[1]['fps_at_end']):.2f}; "
+        print(f"\nframes/s ratio ours / Sample Factory: "
+              f"{float(runs[0]['fps_at_end']) / float(runs[1]['fps_at_end']):.2f}; "
               f"peak PSS ratio: {float(runs[0]['peak_pss_gib']) / max(float(runs[1]['peak_pss_gib']), 1e-9):.2f}")
     print("\nlogs: " + ", ".join(r["log"] for r in runs))
 

@@ -80,7 +80,8 @@ def main() -> None:
                 if s:
                     samples.append((time.time(), s))
                     print(f"{(time.time() - start) / 60:5.1f} min  " +
-                          "  ".join(f"{k}: {v[0]:.0f}/{v[1]:.0f}" for k, v in sorted(s.items())), file=sys.stderr, flush=True)
+                          "  ".join(f"{k}: {v[0]:.0f}/{v[1]:.0f}" for k, v in sorted(s.items())),
+                          file=sys.stderr, flush=True)
         rc = proc.wait()
     if len(samples) < 2:
         print(f"not enough samples (train.py exit code {rc})")
@@ -91,15 +92,18 @@ def main() -> None:
     rows = []
     for name in sorted(first):
         if name in last:
-            rows.append([name, f"{first[name][0]:.0f}", f"{mid.get(name, (float('nan'),))[0]:.0f}", f"{last[name][0]:.0f}",
-                         f"{last[name][0] - first[name][0]:+.0f}", f"{first[name][1]:.0f}", f"{last[name][1]:.0f}",
-                         f"{last[name][1] - first[name][1]:+.0f}"])
+            rows.append([name, f"{first[name][0]:.0f}", f"{mid.get(name, (float('nan'),))[0]:.0f}",
+                         f"{last[name][0]:.0f}", f"{last[name][0] - first[name][0]:+.0f}", f"{first[name][1]:.0f}",
+                         f"{last[name][1]:.0f}", f"{last[name][1] - first[name][1]:+.0f}"])
     tot = lambda s, i: sum(v[i] for v in s.values())  # noqa: E731
-    rows.append(["total", f"{tot(first, 0):.0f}", f"{tot(mid, 0):.0f}", f"{tot(last, 0):.0f}", f"{tot(last, 0) - tot(first, 0):+.0f}",
-                 f"{tot(first, 1):.0f}", f"{tot(last, 1):.0f}", f"{tot(last, 1) - tot(first, 1):+.0f}"])
+    rows.append(["total", f"{tot(first, 0):.0f}", f"{tot(mid, 0):.0f}", f"{tot(last, 0):.0f}",
+                 f"{tot(last, 0) - tot(first, 0):+.0f}", f"{tot(first, 1):.0f}", f"{tot(last, 1):.0f}",
+                 f"{tot(last, 1) - tot(first, 1):+.0f}"])
     span = (samples[-1][0] - samples[0][0]) / 60
-    print(table(rows, ["process", "RSS first (MiB)", "RSS middle", "RSS last", "RSS growth", "USS first", "USS last", "USS growth"]))
-    print(f"\n{len(samples)} samples over {span:.1f} minutes after a {args.warmup:.0f}-s warm-up; train.py exit code {rc}")
+    print(table(rows, ["process", "RSS first (MiB)", "RSS middle", "RSS last", "RSS growth", "USS first", "USS last",
+                       "USS growth"]))
+    print(f"\n{len(samples)} samples over {span:.1f} minutes after a {args.warmup:.0f}-s warm-up; "
+          f"train.py exit code {rc}")
 
 
 if __name__ == "__main__":

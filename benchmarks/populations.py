@@ -96,8 +96,8 @@ def multiplayer_cost(args, tmp: str) -> None:
             rows.append([mode, env, agents, env_spec(env).frameskip, f"{statistics.median(per_agent):.0f}",
                          f"{statistics.median(per_agent) / agents:.0f}", f"{statistics.median(ratios):.2f}",
                          " ".join(f"{x:.2f}" for x in ratios)])
-    print(f"\n## Multiplayer cost: {args.num_workers} rollout workers x {args.mp_envs_per_worker} envs (a duel env is a "
-          f"match of 2 engines)\n")
+    print(f"\n## Multiplayer cost: {args.num_workers} rollout workers x {args.mp_envs_per_worker} envs "
+          f"(a duel env is a match of 2 engines)\n")
     print(table(rows, ["mode", "env", "agents/env", "frameskip", "env frames/s, every agent counted (median)",
                        "per game (/ agents)", "ratio to doom_battle (median)", "ratio per round"]))
 
@@ -105,7 +105,8 @@ def multiplayer_cost(args, tmp: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--env", default="doom_battle")
-    ap.add_argument("--policies", type=int, nargs="+", default=[1, 4], help="population sizes; the first is the baseline")
+    ap.add_argument("--policies", type=int, nargs="+", default=[1, 4],
+                    help="population sizes; the first is the baseline")
     ap.add_argument("--num_workers", type=int, default=2)
     ap.add_argument("--duration", type=int, default=120, help="seconds per run")
     ap.add_argument("--rounds", type=int, default=2)

@@ -38,7 +38,8 @@ RUN_KEYS = frozenset({
     "max_restarts_per_hour", "num_traj_buffers", "policy_worker_batch_wait_ms", "report_interval_sec",
     "sigterm_grace_sec", "stall_timeout_sec", "sampler_only", "sync_inference_chunk", "preset_set", "random_policy",
     "eval_deterministic", "video_frames", "video_gif", "video_name", "doom_scenarios_dir",
-    "doom_multiplayer_port_min", "doom_multiplayer_port_max", "doom_multiplayer_timeout_sec", "doom_restart_engine_steps",
+    "doom_multiplayer_port_min", "doom_multiplayer_port_max", "doom_multiplayer_timeout_sec",
+    "doom_restart_engine_steps",
 })
 FAMILY_PREFIXES = tuple(f.prefix for f in FAMILIES if f.prefix.endswith("_"))  # (their parameters share it)
 
@@ -56,7 +57,8 @@ parse = next(getattr(module, n) for n in ("parse_vizdoom_cfg", "parse_atari_args
 cfg = parse(argv=["--env", sys.argv[2]])
 print("SF_DEFAULTS " + json.dumps({k: v for k, v in vars(cfg).items()
                                    if isinstance(v, (bool, int, float, str, list, type(None)))}))
-choices = {a.dest: list(a.choices) for p in parsers for a in p._actions if a.choices and not isinstance(a.choices, dict)}
+choices = {a.dest: list(a.choices) for p in parsers for a in p._actions
+           if a.choices and not isinstance(a.choices, dict)}
 print("SF_CHOICES " + json.dumps(choices, default=str))
 """
 

@@ -227,8 +227,8 @@ def parse(side: str, result: dict, summary_dir: Path) -> dict:
     fps, steady = steady_fps(log)
     lags = [float(x) for x in (OURS_LAG_RE if side == "ours" else SF_LAG_RE).findall(log) if x not in ("nan", "-1.0")]
     lag = statistics.mean(lags[2:] if len(lags) > 4 else lags) if lags else float("nan")  # steady reports
-    return {"frames": frames, "lag": lag, "fps": fps, "steady": steady, "overall": frames / result["wall"], "reward": reward,
-            "wall": result["wall"], "load": result["load"], "error": error}
+    return {"frames": frames, "lag": lag, "fps": fps, "steady": steady, "overall": frames / result["wall"],
+            "reward": reward, "wall": result["wall"], "load": result["load"], "error": error}
 
 
 def fmt(x: float, digits: int = 0) -> str:
@@ -305,11 +305,12 @@ def main() -> None:
                     res = parse(side, out, scratch / "sf" / "td" / exp / ".summary" / "0")
                 results.setdefault((name, side), []).append(res)
                 rows.append([r, name, "ours" if side == "ours" else "SF 2.1.1", res["frames"], fmt(res["wall"]),
-                             fmt(res["fps"]), fmt(res["steady"]), fmt(res["reward"], 1), fmt(res["lag"], 1), fmt(res["load"], 1),
-                             res["error"]])
+                             fmt(res["fps"]), fmt(res["steady"]), fmt(res["reward"], 1), fmt(res["lag"], 1),
+                             fmt(res["load"], 1), res["error"]])
                 print(f"round {r} {name} {side}: {rows[-1][3:]}", flush=True)
     print("\n" + table(rows, ["round", "workload", "side", "env frames", "wall s", "frames/s (median 10-s)",
-                              "frames/s (steady)", "avg episode reward", "policy lag avg", "load avg (1-min, mean)", "error"]))
+                              "frames/s (steady)", "avg episode reward", "policy lag avg", "load avg (1-min, mean)",
+                              "error"]))
     ratio_rows = []
     for name in specs:
         ours, sf = results[(name, "ours")], results[(name, "sf")]

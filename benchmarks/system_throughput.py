@@ -4,8 +4,9 @@
 For each env: pure simulation (random actions, N processes: benchmarks/env_throughput.py's measurement),
 then the sampler alone (learner off) with random actions and with the real policy forward, then full
 training with the default configuration (the paper's model and batch: configs/doom.json "defaults"; for
-doom_basic, whose preset trades throughput for sample efficiency, they are passed explicitly). Prints env frames/s (median of the 10-s windows after warm-up),
-ratios to pure simulation, the average policy lag, and the peak RSS of each process of every system run.
+doom_basic, whose preset trades throughput for sample efficiency, they are passed explicitly). Prints env frames/s
+(median of the 10-s windows after warm-up), ratios to pure simulation, the average policy lag, and the peak RSS of
+each process of every system run.
 Two baselines, both pure simulation with the same number of processes: the fastest layout (--sim_envs_per_worker,
 default 1 env per process) and the run's own layout (the same envs per process as its rollout workers: what these
 processes do without the system; 16 envs of one core cost ~25% in pure simulation alone on a 2-core machine, engine
@@ -117,9 +118,11 @@ def main() -> None:
     ap.add_argument("--sim_envs_per_worker", type=int, default=1, help="envs per process of the pure simulation")
     ap.add_argument("--modes", nargs="+", default=["random", "policy", "train"], choices=["random", "policy", "train"])
     ap.add_argument("--sampler_envs_per_worker", type=int, nargs="+", default=None,
-                    help="envs per rollout worker of the sampler-only runs, one run each (default: the config's, 16 for Doom)")
+                    help="envs per rollout worker of the sampler-only runs, one run each "
+                         "(default: the config's, 16 for Doom)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="repeat pure simulation + every run this many times; ratios are taken within a round, medians reported")
+                    help="repeat pure simulation + every run this many times; ratios are taken within a round, "
+                         "medians reported")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="train.py --device of every system run (policy workers and learner); default auto, train.py's "
                          "own: CUDA where torch sees a device, else CPU")
@@ -141,7 +144,8 @@ def main() -> None:
         for env in args.envs:
             for rnd in range(args.rounds):
                 runs = [(mode, k) for mode in args.modes
-                        for k in (args.sampler_envs_per_worker if mode != "train" and args.sampler_envs_per_worker else [None])]
+                        for k in (args.sampler_envs_per_worker if mode != "train" and args.sampler_envs_per_worker
+                                  else [None])]
                 layouts = {(mode, k): run_envs_per_worker(train_flags(args, env, mode, k), tmp) for mode, k in runs}
                 sims = {}  # envs per process -> pure-simulation frames/s of this round
                 for n in sorted({args.sim_envs_per_worker, *layouts.values()}):
@@ -158,7 +162,8 @@ def main() -> None:
                     results.setdefault((env, mode, n), []).append(
                         {"fps": fps, "ratio": fps / best, "ratio_same": fps / sims[n], "lag": res["lag_avg"]})
                     if rnd == 0:
-                        mem_rows.append([env, mode, n, ", ".join(f"{p} {v:.0f}" for p, v in sorted(res["rss"].items()))])
+                        mem_rows.append([env, mode, n,
+                                         ", ".join(f"{p} {v:.0f}" for p, v in sorted(res["rss"].items()))])
                     print(f"... {env} {mode} ({n} envs/worker): {fps:.0f} frames/s = {fps / best:.2f} "
                           f"({fps / sims[n]:.2f} of the same layout; 10-s windows: {res['fps_samples']}, "
                           f"exit {res['returncode']})", file=sys.stderr, flush=True)
@@ -180,7 +185,8 @@ def main() -> None:
                        f"ratio to simulation, {best} env{'s' if best > 1 else ''}/process (median)", "ratio per round",
                        "ratio to simulation, same envs/process (median)", "policy lag avg"]))
     print()
-    print(table(mem_rows, ["env", "mode", "envs/worker", "peak RSS per process (MiB; shared trajectory buffers counted in each)"]))
+    print(table(mem_rows, ["env", "mode", "envs/worker",
+                           "peak RSS per process (MiB; shared trajectory buffers counted in each)"]))
 
 
 if __name__ == "__main__":

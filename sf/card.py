@@ -20,9 +20,9 @@ naming the algorithm and the env, then how to use, evaluate and continue trainin
                      machine writing the card, which need not be the one that trained)
 
 A README.md that the card did not write (the user's own: it lacks the card's mark, an HTML comment after the front
-matter) is kept: one line naming --force, which replaces it. Both files are written atomically (sf/utils/files.py). Bad input (no such experiment, a directory train.py did not
-write, no checkpoint, an evaluation CSV without a return column) is one line on stderr and exit code 2, with nothing
-written; an I/O failure one line and exit code 1.
+matter) is kept: one line naming --force, which replaces it. Both files are written atomically (sf/utils/files.py). Bad
+input (no such experiment, a directory train.py did not write, no checkpoint, an evaluation CSV without a return column)
+is one line on stderr and exit code 2, with nothing written; an I/O failure one line and exit code 1.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def train_command(saved: dict) -> list[str]:
     --train_dir, every train-mode parameter whose value differs from the table default with the env's preset over it,
     and always the seed and the worker counts (their defaults depend on the machine)."""
     params = {p.name: p for p in all_params()}
-    base = _preset_values(saved["env"], params, saved.get("preset_set"))  # what parse_cfg starts from: the table defaults, the preset over them
+    # what parse_cfg starts from: the table defaults, the preset over them
+    base = _preset_values(saved["env"], params, saved.get("preset_set"))
     always = {"seed", "num_workers", "num_envs_per_worker"}
     args = ["--env", saved["env"], "--experiment", saved["experiment"], "--train_dir", saved["train_dir"]]
     for name, p in params.items():
@@ -168,7 +169,8 @@ def this_machine() -> str:
     gpus = []
     for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
         try:
-            gpus += [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("Model")]
+            gpus += [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+                     if line.startswith("Model")]
         except OSError:
             pass
     return text + (f", GPUs: {', '.join(gpus)}" if gpus else ", no NVIDIA GPU")
@@ -182,7 +184,8 @@ def _front_matter(env: str, evals: list) -> str:
         _, _, _, mean, std, _, _ = evals[0]
         lines += ["model-index:", f"- name: {ALGO}", "  results:", "  - task:", "      type: reinforcement-learning",
                   "      name: reinforcement-learning", "    dataset:", f"      name: {env}", f"      type: {env}",
-                  "    metrics:", "    - type: mean_reward", f"      value: {mean:.2f} +/- {0.0 if math.isnan(std) else std:.2f}",
+                  "    metrics:", "    - type: mean_reward",
+                  f"      value: {mean:.2f} +/- {0.0 if math.isnan(std) else std:.2f}",
                   "      name: mean_reward", "      verified: false"]
     return "\n".join(lines + ["---", ""])
 

@@ -4,10 +4,10 @@ collectives that keep every rank's weights identical.
 Launched with torchrun, every rank runs a whole single-machine stack (samplers, policy workers, one learner per
 policy); only the learners talk across ranks. A population (--num_policies N > 1) is placed instead: policy p on rank
 p mod world size alone (`World.policies`), whose learner trains it like a single machine's and writes its checkpoints
-into that rank's experiment directory; nothing below applies to it. After `loss.backward()` of every SGD step, `GradientAllReduce`
-replaces each rank's gradients by their average over the ranks, so gradient clipping and the optimizer step see
-the same numbers everywhere and, starting from the same weights and optimizer state, every rank applies the same
-update: no weight broadcast is ever needed after the start.
+into that rank's experiment directory; nothing below applies to it. After `loss.backward()` of every SGD step,
+`GradientAllReduce` replaces each rank's gradients by their average over the ranks, so gradient clipping and the
+optimizer step see the same numbers everywhere and, starting from the same weights and optimizer state, every rank
+applies the same update: no weight broadcast is ever needed after the start.
 
     world = world_from_env()                          # RANK, WORLD_SIZE, ... as torchrun sets them
     init_learner_group(world, device, timeout_sec=60)  # gloo on CPU, nccl on CUDA; no-op with one rank

@@ -111,8 +111,8 @@ def resolve(args: argparse.Namespace, prog: str):
     playing = 1 if policy is not None else cfg.num_policies
     if num_agents < playing:
         raise ConfigError(f"{cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} envs x {agents_per_env} "
-                          f"agents cannot play all {playing} policies: raise --num_envs_per_worker or --num_workers, or "
-                          "evaluate one policy with --policy")
+                          f"agents cannot play all {playing} policies: raise --num_envs_per_worker or --num_workers, "
+                          "or evaluate one policy with --policy")
     # the policy workers run the model on chunks of this many rows (fixed bits whatever the batching): one group's
     # agents of one policy, so that a request is one chunk
     group = cfg.num_envs_per_worker // cfg.worker_num_splits * agents_per_env
@@ -196,8 +196,9 @@ def run_eval(args: argparse.Namespace, prog: str) -> int:
     logging.getLogger().removeHandler(setup_logging())  # the console only: nothing goes to the experiment directory
     report_background_errors()
     plan = cfg._eval_plan
-    print(f"Evaluating {evaluator.exp_dir} ({cfg.load_checkpoint_kind} checkpoint): {plan.total // len(evaluator.policies)}"
-          f" episodes of each of policies {', '.join(map(str, evaluator.policies))} on {cfg.num_workers} rollout "
+    print(f"Evaluating {evaluator.exp_dir} ({cfg.load_checkpoint_kind} checkpoint): "
+          f"{plan.total // len(evaluator.policies)} episodes of each of policies "
+          f"{', '.join(map(str, evaluator.policies))} on {cfg.num_workers} rollout "
           f"workers x {cfg.num_envs_per_worker} envs, seed {cfg.seed}, "
           f"{'the most likely actions' if cfg.eval_deterministic else 'sampled actions'}, policy workers on "
           f"{evaluator.device}", flush=True)

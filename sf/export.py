@@ -54,7 +54,7 @@ EXPORT_DIR = "export"
 CHECK_ATOL = 1e-4  # onnxruntime vs torch on the export's own check (float32; the tests hold 1e-5 on real episodes)
 
 
-# --- the experiment (shared with sf.card, sf.eval) ----------------------------------------------------------------------------
+# --- the experiment (shared with sf.card, sf.eval) -------------------------------------------------------------------
 def experiment_path(exp: str, train_dir: str | None) -> Path:
     """The experiment directory EXP names: DIR/EXP with --train_dir, else EXP itself (as python -m sf.eval reads it).
     One-line ConfigError when it is not an existing directory."""
@@ -160,7 +160,8 @@ def sample_inputs(model, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     feeds = {k: np.stack([np.asarray(space[k].sample(), dtype=space[k].dtype) for _ in range(batch)])
              for k in space.spaces}
     if model.is_recurrent:
-        feeds["rnn_state"] = np.random.default_rng(seed).normal(0, 0.5, (batch, model.rnn_state_size)).astype(np.float32)
+        feeds["rnn_state"] = np.random.default_rng(seed).normal(
+            0, 0.5, (batch, model.rnn_state_size)).astype(np.float32)
     return feeds
 
 
@@ -247,7 +248,8 @@ def run_export(args: argparse.Namespace, prog: str) -> list[Path]:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
     except ImportError as e:
-        raise ConfigError(f"ONNX export needs the packages onnx and onnxruntime ({e}): pip install -e .[export]") from None
+        raise ConfigError(f"ONNX export needs the packages onnx and onnxruntime ({e}): "
+                          "pip install -e .[export]") from None
     import torch
 
     env = open_env(cfg)

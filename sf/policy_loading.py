@@ -43,7 +43,8 @@ def load_policy(cfg, obs_space, action_space, device, policy_id: int = 0):
             cfg.load_checkpoint_kind, map_location=device)
         if state is None:
             raise ConfigError(f"no {cfg.load_checkpoint_kind} checkpoint in {ckpt_dir}; train first")
-        check_compatible(state["meta"], checkpoint_meta(cfg, obs_space, action_space, model), state.get("path", ckpt_dir))
+        check_compatible(state["meta"], checkpoint_meta(cfg, obs_space, action_space, model),
+                         state.get("path", ckpt_dir))
         load_into(model, None, state)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None

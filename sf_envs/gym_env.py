@@ -33,12 +33,14 @@ def _obs_converter(space):
             return gym.spaces.Dict(obs=new), lambda o: {"obs": np.asarray(o, np.uint8)[None]}
         if shape[-1] in (1, 3, 4) and shape[0] not in (1, 3, 4):  # HWC -> CHW
             new = gym.spaces.Box(0, 255, (shape[2], shape[0], shape[1]), np.uint8)
-            return gym.spaces.Dict(obs=new), lambda o: {"obs": np.ascontiguousarray(np.asarray(o, np.uint8).transpose(2, 0, 1))}
+            return (gym.spaces.Dict(obs=new),
+                    lambda o: {"obs": np.ascontiguousarray(np.asarray(o, np.uint8).transpose(2, 0, 1))})
         return gym.spaces.Dict(obs=space), lambda o: {"obs": np.asarray(o, np.uint8)}
     if isinstance(space, gym.spaces.Discrete):
         n, start = int(space.n), int(space.start)
         eye = np.eye(n, dtype=np.float32)
-        return gym.spaces.Dict(obs=gym.spaces.Box(0.0, 1.0, (n,), np.float32)), lambda o: {"obs": eye[int(o) - start].copy()}
+        return (gym.spaces.Dict(obs=gym.spaces.Box(0.0, 1.0, (n,), np.float32)),
+                lambda o: {"obs": eye[int(o) - start].copy()})
     if isinstance(space, gym.spaces.Box):
         low = np.asarray(space.low, np.float32).reshape(-1)
         high = np.asarray(space.high, np.float32).reshape(-1)
@@ -61,7 +63,8 @@ def _action_converter(space):
         if len(space.nvec.shape) != 1:
             raise ValueError(f"cannot adapt multi-dimensional MultiDiscrete {space}")
         start = np.asarray(space.start, np.int64)
-        return gym.spaces.MultiDiscrete(space.nvec), lambda a: (np.asarray(a, np.int64).reshape(-1) + start).astype(space.dtype)
+        return (gym.spaces.MultiDiscrete(space.nvec),
+                lambda a: (np.asarray(a, np.int64).reshape(-1) + start).astype(space.dtype))
     if isinstance(space, gym.spaces.MultiBinary):
         shape = space.shape
         n = int(np.prod(shape))
@@ -72,8 +75,8 @@ def _action_converter(space):
         return new, lambda a: tuple(int(x) + s for x, s in zip(np.asarray(a).reshape(-1), starts))
     if isinstance(space, gym.spaces.Box):
         shape = space.shape
-        new = gym.spaces.Box(np.asarray(space.low, np.float32).reshape(-1), np.asarray(space.high, np.float32).reshape(-1),
-                             dtype=np.float32)
+        new = gym.spaces.Box(np.asarray(space.low, np.float32).reshape(-1),
+                             np.asarray(space.high, np.float32).reshape(-1), dtype=np.float32)
         return new, lambda a: np.asarray(a, space.dtype).reshape(shape)
     raise ValueError(f"cannot adapt action space {space} to the env contract (Discrete, MultiDiscrete, Box)")
 

@@ -4,9 +4,9 @@ Every entry is `dict(name, type, default, help, choices=None, **extra)` and says
 (sf/cfg/ checks them for the command line, presets and saved config.json alike): a number declares
 `min_value` and `max_value` (inclusive unless `min_exclusive` / `max_exclusive` is True; floats must also be
 finite), a string `choices` or `check` ("path": non-empty, no control characters); a default of None makes
-None a valid value too. The env code reads them as attributes of the cfg (sf.cfg's Config) through `get_param(cfg, name)`, which gives the
-table default when there is no cfg. `env_cfg(env, **overrides)` builds a complete namespace from these defaults,
-for tests and scripts that do not use `sf/cfg/`.
+None a valid value too. The env code reads them as attributes of the cfg (sf.cfg's Config) through
+`get_param(cfg, name)`, which gives the table default when there is no cfg. `env_cfg(env, **overrides)` builds a
+complete namespace from these defaults, for tests and scripts that do not use `sf/cfg/`.
 
 Reward-shaping coefficients are the values of Sample Factory's VizDoom reward-shaping scheme
 (paper, appendix A.3); "per unit" means per unit of change of the game variable between two steps.
@@ -50,7 +50,8 @@ ENV_PARAMS: list[dict] = [
        check="path"),
     _p("doom_res_w", int, 128, "Doom observation width (the game renders at 160x120 and is downsampled; the conv "
        "encoders need at least 36)", min_value=36, max_value=1280),
-    _p("doom_res_h", int, 72, "Doom observation height (at least 36 for the conv encoders)", min_value=36, max_value=960),
+    _p("doom_res_h", int, 72, "Doom observation height (at least 36 for the conv encoders)", min_value=36,
+       max_value=960),
     _p("doom_bots_difficulty", int, None, "Skill (0-100: aiming, perfection, reaction, isp) of the in-game bots of "
        "doom_*_bots; None: VizDoom's default bot roster (mixed skills)", min_value=0, max_value=100),
     _p("doom_num_bots", int, None, "Number of in-game bots in doom_*_bots (None: 1 for duel, 7 for deathmatch); "
@@ -62,9 +63,9 @@ ENV_PARAMS: list[dict] = [
        max_value=10000.0),
     _p("doom_multiplayer_timelimit", float, 4.0, "Match length in minutes of game time for the multi-agent Doom envs "
        "(doom_duel, doom_deathmatch_full)", min_value=0.01, max_value=10000.0),
-    _p("doom_multiplayer_timeout_sec", float, 30.0, "Multi-agent Doom: a step (or a match start) of the match's engines "
-       "that takes longer than this, or an engine that is gone, ends the match (engines killed, every agent truncated) "
-       "and starts a new one", min_value=1.0, max_value=3600.0),
+    _p("doom_multiplayer_timeout_sec", float, 30.0, "Multi-agent Doom: a step (or a match start) of the match's "
+       "engines that takes longer than this, or an engine that is gone, ends the match (engines killed, every agent "
+       "truncated) and starts a new one", min_value=1.0, max_value=3600.0),
     _p("doom_multiplayer_port_min", int, 25000, "Multi-agent Doom: lowest UDP port a match's host may use (ports are "
        "locked per user under the temp directory, so concurrent envs and runs never share one)", min_value=1024,
        max_value=65535),
@@ -105,7 +106,8 @@ ENV_PARAMS: list[dict] = [
        "installed", check="path"),
     _p("dmlab_use_level_cache", bool, True, "Use the DMLab level cache"),
     _p("dmlab_renderer", str, "software", "DMLab renderer", choices=("software", "hardware")),
-    _p("dmlab_dataset_path", str, None, "Path of the Brady/Konkle/Oliva 2008 image dataset (psychlab levels)", check="path"),
+    _p("dmlab_dataset_path", str, None, "Path of the Brady/Konkle/Oliva 2008 image dataset (psychlab levels)",
+       check="path"),
     _p("dmlab_extended_action_set", bool, True, "15-action set of Hessel et al. 2019 (as in the paper, A.2); "
        "False: IMPALA's 9 actions"),
     _p("dmlab_reward_clipping", bool, True, "IMPALA's optimistic asymmetric reward clipping for training "

@@ -89,9 +89,11 @@ def _atari_specs() -> dict[str, EnvSpec]:
 
     def check(cfg):
         if importlib.util.find_spec("ale_py") is None:
-            raise EnvUnavailableError(f"env {cfg.env if cfg is not None else 'atari_*'} needs ale-py (ROMs included): pip install ale-py")
+            raise EnvUnavailableError(f"env {cfg.env if cfg is not None else 'atari_*'} needs ale-py (ROMs included): "
+                                      "pip install ale-py")
 
-    return {f"atari_{g}": EnvSpec(f"atari_{g}", "atari", 4, None, f"Atari 2600 {g} (ALE)", factory=factory_for(g), check=check)
+    return {f"atari_{g}": EnvSpec(f"atari_{g}", "atari", 4, None, f"Atari 2600 {g} (ALE)", factory=factory_for(g),
+                                  check=check)
             for g in atari_games()}
 
 
@@ -186,8 +188,9 @@ def _gym_spec(name: str) -> EnvSpec:
 
 
 # --- public API -------------------------------------------------------------------------------------
+# Sample Factory's Atari names that differ in more than '_'
 _ALIASES = {"atari_montezuma": "atari_montezuma_revenge", "atari_asteroid": "atari_asteroids",
-            "atari_kongfumaster": "atari_kung_fu_master", "atari_privateye": "atari_private_eye"}  # Sample Factory's Atari names that differ in more than '_'
+            "atari_kongfumaster": "atari_kung_fu_master", "atari_privateye": "atari_private_eye"}
 
 
 def _lookup(name: str) -> Optional[EnvSpec]:
@@ -201,7 +204,8 @@ def _lookup(name: str) -> Optional[EnvSpec]:
             if name in fam:
                 return fam[name]
             if prefix == "atari_":  # Sample Factory's names: atari_spaceinvaders -> atari_space_invaders
-                target = _ALIASES.get(name) or next((n for n in fam if n.replace("_", "") == name.replace("_", "")), None)
+                target = _ALIASES.get(name) or next(
+                    (n for n in fam if n.replace("_", "") == name.replace("_", "")), None)
                 if target in fam:
                     return fam[target]
     return None
@@ -230,8 +234,9 @@ def env_spec(name: str, cfg=None) -> EnvSpec:
     return spec
 
 
-def register_env(name: str, factory: Callable, family: str = "custom", frameskip: int = 1, gamma: Optional[float] = None,
-                 description: str = "", check: Optional[Callable] = None, overwrite: bool = False) -> EnvSpec:
+def register_env(name: str, factory: Callable, family: str = "custom", frameskip: int = 1,
+                 gamma: Optional[float] = None, description: str = "", check: Optional[Callable] = None,
+                 overwrite: bool = False) -> EnvSpec:
     """Add an env without editing the library. factory(cfg, env_index, render_mode) -> gymnasium.Env.
 
     The env is adapted to the contract by make_env when needed: a non-Dict observation becomes {"obs": ...}

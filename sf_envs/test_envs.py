@@ -1,13 +1,13 @@
 """Tiny built-in envs for the system's end-to-end tests and fast learning tests (no extra package).
 
-| env           | obs                   | actions               | episode         | optimal return | random policy |
-|---------------|-----------------------|-----------------------|-----------------|----------------|---------------|
-| test_corridor | float32 [10] one-hot  | Discrete(3)           | <= 50 steps     | 0.92 (9 steps) | about -0.26   |
-| test_image    | uint8 [3, 36, 48]     | MultiDiscrete([3, 2]) | 16 steps        | 16.0           | 6.67          |
-| test_box      | float32 [2]           | Box(-1, 1, (1,))      | 16 steps        | 16.0           | 5.33          |
-| test_memory   | float32 [4]           | Discrete(2)           | 6 steps         | 1.0            | 0.5 (also any memoryless policy) |
-| test_race     | float32 [20], 2 agents| Discrete(3) each      | <= 50 steps     | 0.92 each      | about -0.26 each |
-| test_masked   | float32 [4], mask [4] | Discrete(4), masked   | 16 steps        | 16.0           | 9.78 (among valid) |
+| env           | obs                    | actions               | episode     | optimal return | random policy        |
+|---------------|------------------------|-----------------------|-------------|----------------|----------------------|
+| test_corridor | float32 [10] one-hot   | Discrete(3)           | <= 50 steps | 0.92 (9 steps) | about -0.26          |
+| test_image    | uint8 [3, 36, 48]      | MultiDiscrete([3, 2]) | 16 steps    | 16.0           | 6.67                 |
+| test_box      | float32 [2]            | Box(-1, 1, (1,))      | 16 steps    | 16.0           | 5.33                 |
+| test_memory   | float32 [4]            | Discrete(2)           | 6 steps     | 1.0            | 0.5 (memoryless too) |
+| test_race     | float32 [20], 2 agents | Discrete(3) each      | <= 50 steps | 0.92 each      | about -0.26 each     |
+| test_masked   | float32 [4], mask [4]  | Discrete(4), masked   | 16 steps    | 16.0           | 9.78 (among valid)   |
 
 test_masked has an "action_mask" observation key (int8 MultiBinary(4), 1 = valid) and raises on a masked action, so a
 run that trains on it without an env failure proves masks are honoured.

@@ -33,7 +33,8 @@ def derive_seed(base_seed: Optional[int], env_index: int) -> Optional[int]:
     reset."""
     if base_seed is None:
         return None
-    state = np.random.SeedSequence(int(base_seed), spawn_key=(ENV_STREAM, int(env_index), 0, 0)).generate_state(1, np.uint64)
+    state = np.random.SeedSequence(int(base_seed),
+                                   spawn_key=(ENV_STREAM, int(env_index), 0, 0)).generate_state(1, np.uint64)
     return int(state[0]) >> 1
 
 

@@ -16,7 +16,8 @@ own: one that trains an experiment is made once for the session and copied (e2e_
 In the parallel pass the longest tests start first (their seconds in tests/durations.json), then the other tests that
 start processes, then the rest, and `--maxschedchunk 2` hands them out two at a time: a long test started last would
 otherwise end the pass alone while the other processes idle. `SF_TEST_DURATIONS=tests/durations.json make test`
-rewrites the file (the tests of 5 s or more, as measured in that run); a test missing from it is only scheduled later."""
+rewrites the file (the tests of 5 s or more, as measured in that run); a test missing from it is only scheduled
+later."""
 import json
 import os
 import subprocess

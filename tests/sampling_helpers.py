@@ -20,9 +20,9 @@ class Run:
 
     def __init__(self, tmp_path, *flags, workers=1, envs=4, rollout=8):
         self.cfg = cfg = parse_cfg(["--env", "test_corridor", "--num_workers", str(workers), "--num_envs_per_worker",
-                                    str(envs), "--rollout", str(rollout), "--recurrence", str(rollout), "--rnn_size", "16",
-                                    "--hidden_size", "16", "--batch_size", str(rollout * 2), "--device", "cpu",
-                                    "--train_dir", str(tmp_path), "--seed", "3", *flags])
+                                    str(envs), "--rollout", str(rollout), "--recurrence", str(rollout),
+                                    "--rnn_size", "16", "--hidden_size", "16", "--batch_size", str(rollout * 2),
+                                    "--device", "cpu", "--train_dir", str(tmp_path), "--seed", "3", *flags])
         env = make_env(cfg, 0)
         self.obs_space, self.action_space = env.observation_space, env.action_space
         env.close()

@@ -41,7 +41,8 @@ MARK_VAR = "SF_TEST_BAD_INPUT_RUN"  # every process of one run inherits it: how 
 TINY = ["--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "8", "--recurrence", "8", "--batch_size", "32",
         "--rnn_size", "16", "--hidden_size", "16", "--encoder_mlp_layers", "16", "--device", "cpu"]
 # Put before a case's own flags (argparse: the last occurrence wins), so that a command accepted by mistake stops soon.
-SAFE = {"train.py": ["--train_for_env_steps", "600", "--train_for_seconds", "60", "--device", "cpu", "--num_workers", "1"],
+SAFE = {"train.py": ["--train_for_env_steps", "600", "--train_for_seconds", "60", "--device", "cpu",
+                     "--num_workers", "1"],
         "enjoy.py": ["--no_render", "--max_num_frames", "50", "--device", "cpu"]}
 LONG_NAME = "n" * 128  # the longest valid experiment name
 
@@ -276,7 +277,8 @@ NAME_CASES = [
     pytest.param(script, [*flags, "--env", "test_corridor", "--train_dir", "{td}", *behavior], expect,
                  id=f"{name_id}-{script[:-3]}{'-' + behavior[1] if behavior else ''}")
     for name_id, flags, expect in NAMES
-    for script, behavior in [("train.py", ["--restart_behavior", "resume"]), ("train.py", ["--restart_behavior", "restart"]),
+    for script, behavior in [("train.py", ["--restart_behavior", "resume"]),
+                             ("train.py", ["--restart_behavior", "restart"]),
                              ("train.py", ["--restart_behavior", "overwrite"]), ("enjoy.py", [])]
     if script == "train.py" or name_id in ENJOY_NAMES
 ]
@@ -293,7 +295,8 @@ TRAIN_DIR_CASES = [
     pytest.param("train.py", ["--train_dir", ""], ["--train_dir must not be empty"], id="empty-resume"),
     pytest.param("enjoy.py", ["--train_dir", ""], ["--train_dir must not be empty"], id="empty-enjoy"),
     pytest.param("train.py", ["--train_dir", " "], ["--train_dir must not be empty"], id="blank"),
-    pytest.param("train.py", ["--train_dir", "/", "--experiment", "sf_bad_input_probe", "--restart_behavior", "overwrite"],
+    pytest.param("train.py", ["--train_dir", "/", "--experiment", "sf_bad_input_probe",
+                              "--restart_behavior", "overwrite"],
                  ["--train_dir must not be the filesystem root"], id="root-overwrite"),
     pytest.param("train.py", ["--train_dir", "{td}\nx"], ["--train_dir must not contain control characters", "'\\n'"],
                  id="newline"),
@@ -319,16 +322,17 @@ def test_bad_train_dir(world, script, args, expect):
 
 NOT_EXPERIMENT_CASES = [
     *[pytest.param("train.py", ["--experiment", name, "--restart_behavior", b],
-                   [f"--restart_behavior {b}: {{td}}/{name} is not an experiment directory", "refusing to move or delete it"],
+                   [f"--restart_behavior {b}: {{td}}/{name} is not an experiment directory",
+                    "refusing to move or delete it"],
                    id=f"{name}-{b}")
       for name in ("notexp", "link") for b in ("restart", "overwrite")],
     *[pytest.param("train.py", ["--experiment", name, "--restart_behavior", b],
                    [f"--experiment: {{td}}/{name} exists and is not a directory"], id=f"{name}-{b}")
       for name in ("afile", "dangling") for b in ("resume", "restart", "overwrite")],
-    pytest.param("enjoy.py", ["--experiment", "notexp"], ["no latest checkpoint in {td}/notexp/checkpoint_p0", "train first"],
-                 id="notexp-enjoy"),
-    pytest.param("enjoy.py", ["--experiment", "link"], ["no latest checkpoint in {td}/link/checkpoint_p0", "train first"],
-                 id="link-enjoy"),
+    pytest.param("enjoy.py", ["--experiment", "notexp"],
+                 ["no latest checkpoint in {td}/notexp/checkpoint_p0", "train first"], id="notexp-enjoy"),
+    pytest.param("enjoy.py", ["--experiment", "link"],
+                 ["no latest checkpoint in {td}/link/checkpoint_p0", "train first"], id="link-enjoy"),
     pytest.param("enjoy.py", ["--experiment", "nope"], ["experiment directory {td}/nope does not exist",
                                                         "check --experiment and --train_dir"], id="missing-enjoy"),
     *[pytest.param("enjoy.py", ["--experiment", name], [f"experiment directory {{td}}/{name} is not a directory",
@@ -366,13 +370,16 @@ VALUE_CASES = [
     ("rnn_size-1e7", ["--rnn_size", "10000000"], ["--rnn_size must be in [1, 65536] (got 10000000)"]),
     ("batch_size-1e12", ["--batch_size", "1000000000000"], ["--batch_size must be in [1, 16777216]"]),
     ("rollout-abc", ["--rollout", "abc"], ["--rollout: expected an integer, got 'abc'"]),
-    ("train_for_env_steps-0", ["--train_for_env_steps", "0"], ["--train_for_env_steps must be in [1, 1000000000000000]"]),
+    ("train_for_env_steps-0", ["--train_for_env_steps", "0"],
+     ["--train_for_env_steps must be in [1, 1000000000000000]"]),
     ("mlp-layer-0", ["--encoder_mlp_layers", "0"], ["--encoder_mlp_layers entries must be in [1, 65536] (got [0])"]),
-    ("mlp-65-layers", ["--encoder_mlp_layers", *["8"] * 65], ["--encoder_mlp_layers must have 0 to 64 entries (got 65)"]),
+    ("mlp-65-layers", ["--encoder_mlp_layers", *["8"] * 65],
+     ["--encoder_mlp_layers must have 0 to 64 entries (got 65)"]),
     ("use_rnn-maybe", ["--use_rnn", "maybe"], ["--use_rnn: expected True or False, got 'maybe'"]),
     ("restart_behavior-bogus", ["--restart_behavior", "bogus"],
      ["--restart_behavior must be one of resume, restart, overwrite (got 'bogus')"]),
-    ("device-tpu", ["--device", "tpu"], ["--device must be one of auto, cpu, cuda (got 'tpu')"]),  # (gpu: Sample Factory's cuda)
+    ("device-tpu", ["--device", "tpu"],
+     ["--device must be one of auto, cpu, cuda (got 'tpu')"]),  # (gpu: Sample Factory's cuda)
     # cross-parameter rules
     ("envs-not-divisible", ["--num_envs_per_worker", "3"],
      ["--num_envs_per_worker (3) must be divisible by --worker_num_splits (2)"]),
@@ -382,11 +389,13 @@ VALUE_CASES = [
      ["--batch_size (33) must be a multiple of --rollout (8)"]),
     ("recurrence-not-divisor", ["--rollout", "8", "--recurrence", "3", "--batch_size", "32"],
      ["--recurrence (3) must divide --rollout (8)"]),
-    ("samples-per-batch", ["--rollout", "8", "--recurrence", "8", "--batch_size", "16777216", "--num_batches_per_epoch", "2"],
+    ("samples-per-batch", ["--rollout", "8", "--recurrence", "8", "--batch_size", "16777216",
+                           "--num_batches_per_epoch", "2"],
      ["--batch_size x --num_batches_per_epoch must be at most 16777216 samples"]),
     ("traj-buffers-too-few", ["--num_traj_buffers", "5"], ["--num_traj_buffers (5) must be 0 or at least"]),
     # the command line itself
-    ("unknown-flag", ["--learning_rat", "0.1"], ["unrecognized arguments: --learning_rat", "did you mean --learning_rate?"]),
+    ("unknown-flag", ["--learning_rat", "0.1"],
+     ["unrecognized arguments: --learning_rat", "did you mean --learning_rate?"]),
     ("enjoy-flag-in-train", ["--no_render"], ["unrecognized arguments: --no_render"]),
     ("unknown-env", ["--env", "doom_basik"], ["--env: unknown env 'doom_basik'", "did you mean doom_basic"]),
     ("env-control-char", ["--env", "test\tcorridor"], ["--env must not contain control characters"]),
@@ -395,8 +404,8 @@ VALUE_CASES = [
 
 @pytest.mark.parametrize("args,expect", [pytest.param(a, e, id=i) for i, a, e in VALUE_CASES])
 def test_absurd_value(world, args, expect):
-    run_in_world(world, "train.py", ["--env", "test_corridor", "--experiment", "fresh", "--train_dir", "{td}", *args], 2,
-                 expect)
+    run_in_world(world, "train.py", ["--env", "test_corridor", "--experiment", "fresh", "--train_dir", "{td}", *args],
+                 2, expect)
 
 
 def test_missing_env(world):
@@ -418,7 +427,8 @@ ENJOY_VALUE_CASES = [
     ("video_name-newline", ["--video_name", "a\nb"], ["--video_name must not contain control characters"]),
     ("checkpoint-kind-worst", ["--load_checkpoint_kind", "worst"],
      ["--load_checkpoint_kind must be one of latest, best (got 'worst')"]),
-    ("train-flag-in-enjoy", ["--restart_behavior", "overwrite"], ["unrecognized arguments: --restart_behavior overwrite"]),
+    ("train-flag-in-enjoy", ["--restart_behavior", "overwrite"],
+     ["unrecognized arguments: --restart_behavior overwrite"]),
     ("rnn_size-mismatch", ["--rnn_size", "32"],
      ["checkpoint {exp}/checkpoint_p0/", "has model entry 'core.rnn.weight_ih_l0' of shape [48, 16]",
       "different model settings, e.g. --rnn_size/--hidden_size?"]),
@@ -438,7 +448,8 @@ def test_enjoy_bad_value(world, args, expect):
 POISON_CASES = [
     ("batch_size-1e12", ["--batch_size", "1000000000000"], ["--batch_size must be in [1, 16777216]"]),
     ("rnn_size-32", ["--rnn_size", "32"],
-     ["checkpoint {exp}/checkpoint_p0/", "has model entry", "this run's model has [96, 16]", "--rnn_size/--hidden_size"]),
+     ["checkpoint {exp}/checkpoint_p0/", "has model entry", "this run's model has [96, 16]",
+      "--rnn_size/--hidden_size"]),
     ("mlp-two-layers", ["--encoder_mlp_layers", "16", "16"], ["checkpoint {exp}/checkpoint_p0/", "model entry"]),
     ("nonlinearity-relu", ["--nonlinearity", "relu"],  # same shapes, another function: refused too
      ["checkpoint {exp}/checkpoint_p0/", "has model options {{'nonlinearity': 'elu'}}", "this run has model options "
@@ -491,8 +502,10 @@ FORGED = [  # (id, the new content of config.json from the saved dict, what the 
     ("rollout-abc", _with("rollout", "abc"), [": key 'rollout': expected an integer, got 'abc'"]),
     ("json-list", lambda d: json.dumps([d]), [': expected a JSON object {"key": value, ...}, got a list']),
     ("json-string", lambda d: json.dumps("config"), [": expected a JSON object", "got a string"]),
-    ("mlp-layers-number", _with("encoder_mlp_layers", 5), [": key 'encoder_mlp_layers': expected a list of integers, got 5"]),
-    ("mlp-layers-strings", _with("encoder_mlp_layers", ["a"]), [": key 'encoder_mlp_layers': expected an integer, got 'a'"]),
+    ("mlp-layers-number", _with("encoder_mlp_layers", 5),
+     [": key 'encoder_mlp_layers': expected a list of integers, got 5"]),
+    ("mlp-layers-strings", _with("encoder_mlp_layers", ["a"]),
+     [": key 'encoder_mlp_layers': expected an integer, got 'a'"]),
     ("invalid-json", lambda d: '{"rollout": 8,', [" is not valid JSON: Expecting property name"]),
     ("empty-file", lambda d: "", [" is not valid JSON: Expecting value"]),
     ("not-utf8", lambda d: b"\xff\xfe{", [" is not valid JSON: not UTF-8 text"]),
@@ -537,8 +550,8 @@ def test_saved_config_is_a_directory(world, tmp_path, script):
 
 @pytest.mark.parametrize("script", ["train.py"])
 def test_garbage_checkpoint(world, tmp_path, script):
-    """A latest checkpoint that is not one: refused in one line (exit 2). By design (sf/learning/checkpoint_store.py) the file
-    is moved into checkpoint_p0/rejected/ -- its bytes are kept, nothing is deleted."""
+    """A latest checkpoint that is not one: refused in one line (exit 2). By design (sf/learning/checkpoint_store.py)
+    the file is moved into checkpoint_p0/rejected/ -- its bytes are kept, nothing is deleted."""
     td = tmp_path / "td"
     shutil.copytree(world.exp, td / "exp", symlinks=True)
     ckpt_dir = td / "exp" / "checkpoint_p0"
@@ -553,7 +566,8 @@ def test_garbage_checkpoint(world, tmp_path, script):
     expected = dict(before)
     expected[os.path.relpath(ckpt_dir / "rejected", tmp_path)] = ("dir",)
     for path in latest:  # moved, bytes kept
-        expected[os.path.relpath(ckpt_dir / "rejected" / path.name, tmp_path)] = expected.pop(os.path.relpath(path, tmp_path))
+        expected[os.path.relpath(ckpt_dir / "rejected" / path.name, tmp_path)] = expected.pop(
+            os.path.relpath(path, tmp_path))
     after = snapshot(tmp_path)
     assert after == expected, snapshot_diff(expected, after)
 
@@ -578,7 +592,8 @@ def test_memory_cannot_fit(world, args, at_least_gib):
     shm_before = shm_files(vizdoom=True)
     res = run_in_world(world, "train.py", ["--train_dir", "{td}", *args], 2,
                        ["this configuration needs about", "GiB of memory", "GiB is available",
-                        "lower --num_workers, --num_envs_per_worker, --num_policies, --batch_size or the model size"], timeout=90)
+                        "lower --num_workers, --num_envs_per_worker, --num_policies, --batch_size or the model size"],
+                       timeout=90)
     assert res.seconds < 60, f"took {res.seconds:.0f} s to refuse\n{res.show()}"
     left = shm_left_behind(shm_before, vizdoom=True)
     assert not left, f"/dev/shm files left behind: {sorted(left)}"
@@ -670,7 +685,8 @@ def test_finished_experiment_on_read_only_filesystem(world, tmpfs, tmp_path):
     shutil.copytree(world.exp, td / "exp", symlinks=True, dirs_exist_ok=True)
     remount_read_only(td / "exp")
     before = snapshot(tmp_path)
-    res = run("train.py", ["--env", "test_corridor", "--experiment", "exp", "--train_dir", td], cwd=tmp_path, safe=False)
+    res = run("train.py", ["--env", "test_corridor", "--experiment", "exp", "--train_dir", td], cwd=tmp_path,
+              safe=False)
     assert res.rc == 0 and "Done: nothing to train" in res.out and "Traceback" not in res.console, res.show()
     assert_unchanged(before, tmp_path, res)
 

@@ -15,8 +15,8 @@ import pytest
 from e2e_helpers import made_once
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["--num_workers", "1", "--num_envs_per_worker", "2", "--batch_size", "64", "--rollout", "16", "--recurrence", "16",
-         "--rnn_size", "32", "--hidden_size", "32", "--device", "cpu"]
+SMALL = ["--num_workers", "1", "--num_envs_per_worker", "2", "--batch_size", "64", "--rollout", "16",
+         "--recurrence", "16", "--rnn_size", "32", "--hidden_size", "32", "--device", "cpu"]
 TINY = ["--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "8", "--recurrence", "8", "--batch_size", "32",
         "--rnn_size", "16", "--hidden_size", "16", "--encoder_mlp_layers", "16", "--device", "cpu"]
 
@@ -36,7 +36,8 @@ def trained(tmp_path_factory, entry):
 @pytest.mark.doom
 def test_enjoy_headless_video(trained, entry):
     res = entry("enjoy.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", trained, "--no_render",
-                "--save_video", "--video_frames", "40", "--max_num_frames", "400", "--video_name", "clip.mp4", timeout=120)
+                "--save_video", "--video_frames", "40", "--max_num_frames", "400", "--video_name", "clip.mp4",
+                timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     video = trained / "tiny" / "clip.mp4"
     assert f"Video: {video}" in res.stdout
@@ -70,9 +71,11 @@ def _one_line_error(res, needle):
 @pytest.mark.e2e
 @pytest.mark.doom
 def test_enjoy_errors(trained, entry, tmp_path):
-    _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "nope", "--train_dir", trained), "does not exist")
+    _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "nope", "--train_dir", trained),
+                    "does not exist")
     (tmp_path / "empty").mkdir()
-    _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "empty", "--train_dir", tmp_path), "no latest checkpoint")
+    _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "empty", "--train_dir", tmp_path),
+                    "no latest checkpoint")
     # --max_num_episodes 1: a mismatch that went unnoticed fails the assertion instead of playing on until the timeout
     _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "tiny", "--train_dir", trained,
                           "--hidden_size", "16", "--max_num_episodes", "1"), "checkpoint")
@@ -83,7 +86,8 @@ def test_enjoy_errors(trained, entry, tmp_path):
     shutil.copytree(trained / "tiny", broken)
     for f in (broken / "checkpoint_p0").glob("*.pth"):
         f.write_bytes(b"not a checkpoint")
-    _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "broken", "--train_dir", tmp_path), "checkpoint")
+    _one_line_error(entry("enjoy.py", "--env", "doom_basic", "--experiment", "broken", "--train_dir", tmp_path),
+                    "checkpoint")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -202,7 +206,8 @@ def test_enjoy_module_video_and_gif(corridor):
 def test_enjoy_module_help():
     res = run_module("--help", timeout=60)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("usage: python -m sf.enjoy") and "--save_video" in res.stdout and "--video_gif" in res.stdout
+    assert (res.stdout.startswith("usage: python -m sf.enjoy") and "--save_video" in res.stdout
+            and "--video_gif" in res.stdout)
 
 
 def _bad_video_paths(tmp):

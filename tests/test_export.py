@@ -2,8 +2,9 @@
 
 Three tiny real training runs: test_image with a GRU (uint8 frames, MultiDiscrete), test_masked with an LSTM and
 normalized returns (a Dict observation: float "obs" and the int8 "action_mask" that masks the logits inside the graph),
-and a population of two feed-forward policies on test_box (normalized vector input, Box actions). Each export is compared with the torch model on 100
-observations the env gave while the policy played, the recurrent state carried by each side through all 100 steps.
+and a population of two feed-forward policies on test_box (normalized vector input, Box actions). Each export is
+compared with the torch model on 100 observations the env gave while the policy played, the recurrent state carried by
+each side through all 100 steps.
 """
 import json
 import os
@@ -138,7 +139,8 @@ def test_onnx_matches_torch_on_recorded_episodes(exported, name):
     from sf.model.normalization import RunningMeanStd
     if name == "masked_lstm":  # the graph's value is in return units: denormalized by these (trained) statistics
         assert float(model.returns_normalizer.count) > 0 and float(model.returns_normalizer.mean) != 0.0
-    inputs_normalized = [m for m in model.modules() if isinstance(m, RunningMeanStd) and m is not model.returns_normalizer]
+    inputs_normalized = [m for m in model.modules()
+                         if isinstance(m, RunningMeanStd) and m is not model.returns_normalizer]
     if name != "image_gru":  # vector inputs: the graph holds their trained normalization, not the identity
         assert inputs_normalized and all(float(m.count) > 0 for m in inputs_normalized)
     for batch in (1, 7):  # the batch dimension is dynamic: a batch of different steps, each with its own state

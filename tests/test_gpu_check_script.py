@@ -63,7 +63,8 @@ def test_cpu_dry_run_passes_every_stage(tmp_path):
     assert "on cpu" in rows["resume_cpu"][2] and "resumed at policy version" in rows["resume_cpu"][2]
     assert re.search(r"restarted after [0-9.]+ s, [1-9]\d* PBT decisions, run exit code 0", rows["pbt"][2])
     assert "every policy trained" in rows["pbt"][2]  # ended by its frames, not by its time cap
-    assert re.search(r"policy version [1-9]\d*, 0 of [1-9]\d* optimizer steps skipped, weights changed", rows["train"][2])
+    assert re.search(r"policy version [1-9]\d*, 0 of [1-9]\d* optimizer steps skipped, weights changed",
+                     rows["train"][2])
     assert re.search(r"trained on cpu .*loss [0-9.]+ -> [0-9.]+", rows["fork_proof"][2])
     with tarfile.open(out / "logs.tar.gz") as tar:
         packed = {os.path.basename(n) for n in tar.getnames()}
@@ -79,7 +80,8 @@ def test_a_failed_stage_fails_the_script_and_the_next_stages_still_run(tmp_path)
     the dry run of every stage is the test above."""
     pytest.importorskip("vizdoom")
     out = tmp_path / "check"
-    res = run_check(out, "--stages", "fork_proof,pbt,learner_bench", env={"SF_CHECK_PBT_ARGS": "--env doom_no_such_env"})
+    res = run_check(out, "--stages", "fork_proof,pbt,learner_bench",
+                    env={"SF_CHECK_PBT_ARGS": "--env doom_no_such_env"})
     text = res.stdout + res.stderr
     assert res.returncode == 1, text[-4000:]
     rows = summary(out)
@@ -147,7 +149,8 @@ def _wheel(path, name: str, version: str) -> None:
     import hashlib
     import zipfile
     files = {f"{name}/__init__.py": b"",
-             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{name}-{version}.dist-info/METADATA": (f"Metadata-Version: 2.1\nName: {name}\n"
+                                                      f"Version: {version}\n").encode(),
              f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                                                   b"Tag: py3-none-any\n"}
     record = "".join(f"{f},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},"

@@ -2,10 +2,10 @@
 copy trains doom_basic with its preset from any working directory.
 
 The wheel is built from a copy of the sources (setup.py, pyproject.toml, MANIFEST.in, sf/, sf_envs/, configs/, cpp/) so
-the clone's build/ and egg-info are not touched, installed with --no-deps into a fresh venv, and the third-party packages
-of the running venv are made visible with a .pth file of plain paths (those never run the editable install's finder,
-so the clone's `sf` stays invisible: checked). A missing preset of a built-in family is a one-line ConfigError; families
-that users register have no preset by design."""
+the clone's build/ and egg-info are not touched, installed with --no-deps into a fresh venv, and the third-party
+packages of the running venv are made visible with a .pth file of plain paths (those never run the editable install's
+finder, so the clone's `sf` stays invisible: checked). A missing preset of a built-in family is a one-line ConfigError;
+families that users register have no preset by design."""
 import os
 import re
 import shutil

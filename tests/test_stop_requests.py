@@ -24,11 +24,12 @@ def test_later_ctrl_c_escalates_sigterm_never_does():
     later = REPEAT_GAP_SEC * 2
     assert counted([(signal.SIGINT, 0.0), (signal.SIGINT, later)]) == ([True, True], 2)
     assert counted([(signal.SIGTERM, 0.0), (signal.SIGINT, later)]) == ([True, True], 2)
-    assert counted([(signal.SIGTERM, 0.0), (signal.SIGTERM, later), (signal.SIGTERM, 60.0)]) == ([True, False, False], 1)
+    assert counted([(signal.SIGTERM, 0.0), (signal.SIGTERM, later),
+                    (signal.SIGTERM, 60.0)]) == ([True, False, False], 1)
     assert counted([(signal.SIGINT, 0.0), (signal.SIGTERM, later)]) == ([True, False], 1)
 
 
 def test_the_gap_is_measured_from_the_last_counted_request():
     g = REPEAT_GAP_SEC
-    assert counted([(signal.SIGINT, 0.0), (signal.SIGINT, 0.6 * g), (signal.SIGINT, 1.2 * g), (signal.SIGINT, 2.4 * g)]) \
-        == ([True, False, True, True], 3)
+    assert counted([(signal.SIGINT, 0.0), (signal.SIGINT, 0.6 * g), (signal.SIGINT, 1.2 * g),
+                    (signal.SIGINT, 2.4 * g)]) == ([True, False, True, True], 3)

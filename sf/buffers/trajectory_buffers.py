@@ -170,9 +170,10 @@ DONES_HOST = "dones_host"
 
 class GatherStaging:
     """A CUDA learner's way from shared memory to the device: `depth` sets of pinned host buffers in gather's layout for
-    `rows` trajectories, used in turn, each copied to the device on a side stream (non_blocking: it overlaps the training
-    kernels of the batch before). The host fills a set again only after the copy out of it finished (an event recorded
-    after the copy, waited on in acquire), and the consumer's stream waits for the copy before the batch's first use."""
+    `rows` trajectories, used in turn, each copied to the device on a side stream (non_blocking: it overlaps the
+    training kernels of the batch before). The host fills a set again only after the copy out of it finished (an event
+    recorded after the copy, waited on in acquire), and the consumer's stream waits for the copy before the batch's
+    first use."""
 
     def __init__(self, buffers: TrajectoryBuffers, rows: int, device: torch.device, depth: int = 2):
         self.rows, self.device = rows, torch.device(device)

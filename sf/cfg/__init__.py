@@ -62,11 +62,11 @@ from sf.cfg.validate import (MAX_SAMPLES_PER_TRAINING_BATCH, MAX_TOTAL_ENVS, Val
 from sf.utils.errors import ConfigError, RunError
 
 __all__ = [
-    "CONFIGS_DIR", "Config", "EXPERIMENT_NAME_CHARS", "EXPERIMENT_NAME_MAX_LEN", "FAMILIES_WITH_PRESETS", "LIST_MAX_LEN",
-    "MAX_SAMPLES_PER_TRAINING_BATCH", "MAX_TOTAL_ENVS", "NAMED_CHECKS", "PARAMS", "PATH_MAX_BYTES", "REPO_ROOT",
-    "SF_FLAGS", "ConfigError", "OneLineArgumentParser", "Param", "RunError", "SFFlag", "ValueProblem",
+    "CONFIGS_DIR", "Config", "EXPERIMENT_NAME_CHARS", "EXPERIMENT_NAME_MAX_LEN", "FAMILIES_WITH_PRESETS",
+    "LIST_MAX_LEN", "MAX_SAMPLES_PER_TRAINING_BATCH", "MAX_TOTAL_ENVS", "NAMED_CHECKS", "PARAMS", "PATH_MAX_BYTES",
+    "REPO_ROOT", "SF_FLAGS", "ConfigError", "OneLineArgumentParser", "Param", "RunError", "SFFlag", "ValueProblem",
     "all_params", "apply_sf_aliases", "build_parser", "check_sf_flags", "check_value", "cli_main", "convert",
-    "default_cfg", "default_experiment_name", "make_config", "experiment_dir", "load_preset", "optional_int", "optional_str",
-    "parse_cfg", "range_text", "resolve_device", "run_guarded", "save_cfg", "scale_envs_per_worker", "str2bool",
-    "sync_minibatches", "validate_experiment_name", "validate_train_dir", "value_kind", "verify",
+    "default_cfg", "default_experiment_name", "make_config", "experiment_dir", "load_preset", "optional_int",
+    "optional_str", "parse_cfg", "range_text", "resolve_device", "run_guarded", "save_cfg", "scale_envs_per_worker",
+    "str2bool", "sync_minibatches", "validate_experiment_name", "validate_train_dir", "value_kind", "verify",
 ]

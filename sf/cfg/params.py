@@ -11,7 +11,6 @@ from typing import Any, Callable, Optional, Sequence
 from sf.cfg.string_checks import (EXPERIMENT_NAME_MAX_LEN, env_name_problem, experiment_problem, label_problem,
                                   path_problem, train_dir_problem, wandb_project_problem, wandb_tags_problem)
 from sf.processes.control import usable_cores
-from sf.utils.errors import ConfigError
 
 LIST_MAX_LEN = 64  # entries of a list parameter (nargs="+")
 
@@ -180,9 +179,9 @@ RUNTIME_PARAMS: list[Param] = [
     Param("sigterm_grace_sec", float, 30.0, "A SIGTERM (Slurm's scancel or time limit, torchrun stopping its ranks, "
           "timeout(1)) is followed by SIGKILL after a grace period (Slurm's KillWait and torchrun's shutdown timeout: "
           "30 s by default): the run's stop after a SIGTERM ends within it, the learner's final checkpoint included "
-          "when it can be written in time (else the last one written stays the run's). Ctrl-C and the end of the budget "
-          "wait for the final checkpoint as long as it progresses (0: a SIGTERM too)", scope="train", min_value=0.0,
-          max_value=604800.0),
+          "when it can be written in time (else the last one written stays the run's). Ctrl-C and the end of the "
+          "budget wait for the final checkpoint as long as it progresses (0: a SIGTERM too)", scope="train",
+          min_value=0.0, max_value=604800.0),
     Param("max_restarts_per_hour", int, 10, "Self-healing: a rollout worker, policy worker or learner that dies (a "
           "signal, an exception, a stall) is replaced in place and the run goes on; more deaths than this of one "
           "process kind within an hour end the run with a checkpoint (a crash loop). 0: any death stops the run. "
@@ -190,8 +189,8 @@ RUNTIME_PARAMS: list[Param] = [
           max_value=10**6),
     Param("policy_worker_torch_threads", int, 1, "torch threads of each policy worker", scope="train", min_value=1,
           max_value=1024),
-    Param("precision", str, "auto", "Arithmetic of the observation encoder in the learner and the policy "
-          "workers: float32, or bfloat16 (torch.autocast; weights, optimizer state, RNN, heads, losses and V-trace stay "
+    Param("precision", str, "auto", "Arithmetic of the observation encoder in the learner and the policy workers: "
+          "float32, or bfloat16 (torch.autocast; weights, optimizer state, RNN, heads, losses and V-trace stay "
           "float32). auto: bfloat16 for convolutional encoders in asynchronous mode where the hardware computes it "
           "natively (CPUs with AVX512-BF16 or AMX: about 1.4x faster learner steps on the paper's Doom model; CUDA "
           "GPUs with bf16), float32 otherwise and in --sync_mode hts/ppo", choices=("auto", "float32", "bfloat16"),

@@ -243,7 +243,8 @@ def _preset_values(env: str, params: dict[str, Param], preset_set: Optional[str]
         raise ConfigError(f"--env: {e}") from None
     values = {name: copy_default(p.default) for name, p in params.items()}
     preset_shown = _preset_path_shown(CONFIGS_DIR / f"{spec.family}.json")
-    for k, v in load_preset(spec.name, spec.family, preset_set).items():  # every value checked, even one a flag overrides
+    # every value checked, even one a flag overrides
+    for k, v in load_preset(spec.name, spec.family, preset_set).items():
         if k not in params:
             raise ConfigError(f"{preset_shown}: unknown parameter {k!r}")
         values[k] = from_file(preset_shown, k, params[k], v)

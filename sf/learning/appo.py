@@ -66,7 +66,8 @@ def exploration_loss_problem(cfg, action_space) -> Optional[str]:
 
 
 def cfg_hyperparams(cfg) -> dict[str, float]:
-    """The configuration's OPTIMIZER_HYPERPARAMS (flag > saved config.json > preset, as sf.cfg.parse_cfg resolved them)."""
+    """The configuration's OPTIMIZER_HYPERPARAMS (flag > saved config.json > preset, as sf.cfg.parse_cfg resolved
+    them)."""
     return {k: float(getattr(cfg, k)) for k in OPTIMIZER_HYPERPARAMS}
 
 
@@ -199,7 +200,8 @@ class APPO:
         (weighted by its valid steps, a collective on every step): each rank then adapts its rate alike."""
         if self.lr_schedule.kind not in KL_ADAPTIVE:
             return None
-        kl, num_valid = float(kl), float(num_valid)  # (device scalars: the one host read of a step these schedules need)
+        # (device scalars: the one host read of a step these schedules need)
+        kl, num_valid = float(kl), float(num_valid)
         if self.grad_hook is not None:
             from sf.distributed import gather_rows  # (no process group: this rank's own row)
             rows = gather_rows(torch.tensor([kl * num_valid, num_valid], dtype=torch.float64, device=self.device),
@@ -265,8 +267,8 @@ class APPO:
     @torch.no_grad()
     def _batch_targets(self, experience: dict, version: int) -> dict:
         """--sample_minibatches (GAE): the whole batch's targets before its first epoch, TARGET_KEYS -> [N, T] each,
-        from the behaviour values (the policy workers', as CleanRL's and Sample Factory 2's GAE) and the learner's values
-        of the states after the last steps (slot T) and of the final observations of truncated episodes."""
+        from the behaviour values (the policy workers', as CleanRL's and Sample Factory 2's GAE) and the learner's
+        values of the states after the last steps (slot T) and of the final observations of truncated episodes."""
         model, t_len = self.model, experience["rewards"].shape[1]
         valid, _ = self._valid_steps(experience, version)
         last = model.forward_step({k: x[:, t_len] for k, x in experience["obs"].items()},
@@ -436,8 +438,8 @@ class APPO:
         """Run cfg.num_epochs x cfg.num_batches_per_epoch SGD steps on `experience` (storage layout, see the
         module docstring); calls `on_sgd_step(new_version)` after each step. Returns one stats dict per step
         (keys STAT_KEYS, floats). A minibatch whose samples are all older than cfg.max_policy_lag (or whose
-        gradient is not finite) does no optimizer step and does not advance the version (CUDA, _sync_free_steps: the step is
-        skipped on the device and the version advances). env_frames: the env frames
+        gradient is not finite) does no optimizer step and does not advance the version (CUDA, _sync_free_steps: the
+        step is skipped on the device and the version advances). env_frames: the env frames
         the run trained on before this batch (the learner's count: linear_decay's progress; None: the schedule's own
         count goes on)."""
         cfg, model = self.cfg, self.model
@@ -463,7 +465,8 @@ class APPO:
                 minibatches = [experience]
             else:
                 device = experience["rewards"].device
-                perm = self._permutation(units, device) if cfg.shuffle_minibatches else torch.arange(units, device=device)
+                perm = (self._permutation(units, device) if cfg.shuffle_minibatches
+                        else torch.arange(units, device=device))
                 # lazy: one copy at a time
                 minibatches = (sample_minibatch(experience, targets, idx) if samples else _index(experience, idx)
                                for idx in torch.tensor_split(perm, num_mb))

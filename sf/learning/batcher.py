@@ -9,9 +9,10 @@ In process mode (async) it runs in a thread of its own (`start_thread`) and hand
 a one-element queue (`next_batch`); it copies a batch out only while that queue is empty: while one batch trains and one
 waits, it stops taking slots, the free list runs dry and rollout workers pause (backpressure) instead of memory growing.
 Staleness is bounded earlier: each batch copied out is counted (SharedState.batches_out), and while
---num_batches_to_accumulate batches are out (default 2: one training, one waiting) the policy's workers serve no request,
-so no experience is gathered with weights that several SGD steps will have replaced by the time it trains (policy lag
-about one batch's SGD steps, as Sample Factory's; without the pause every spare slot filled ahead: about three).
+--num_batches_to_accumulate batches are out (default 2: one training, one waiting) the policy's workers serve no
+request, so no experience is gathered with weights that several SGD steps will have replaced by the time it trains
+(policy lag about one batch's SGD steps, as Sample Factory's; without the pause every spare slot filled ahead: about
+three).
 """
 from __future__ import annotations
 

@@ -125,7 +125,8 @@ def check_weights_only_safe(obj: Any, where: str = "state") -> None:
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, _SAFE_SCALARS):
-                raise TypeError(f"checkpoint key {where}[{k!r}] has type {type(k).__name__}; not loadable with weights_only=True")
+                raise TypeError(f"checkpoint key {where}[{k!r}] has type {type(k).__name__}; "
+                                "not loadable with weights_only=True")
             check_weights_only_safe(v, f"{where}[{k!r}]")
         return
     if isinstance(obj, (list, tuple, set)):
@@ -167,7 +168,8 @@ def check_compatible(saved_meta: dict, current_meta: dict, path) -> None:
     which older checkpoints do not record).
     """
     if not isinstance(saved_meta, dict):
-        raise CheckpointError(f"checkpoint {path} has no metadata (env, spaces, model); it was not written by this trainer")
+        raise CheckpointError(f"checkpoint {path} has no metadata (env, spaces, model); "
+                              "it was not written by this trainer")
     ordered = [k for k in _META_LABELS if k in current_meta] + [k for k in current_meta if k not in _META_LABELS]
     for key in ordered:
         label = _META_LABELS.get(key, key)
@@ -175,7 +177,8 @@ def check_compatible(saved_meta: dict, current_meta: dict, path) -> None:
         if key not in saved_meta:
             if key in _META_OPTIONAL:
                 continue
-            raise CheckpointError(f"checkpoint {path} does not record its {label}; this run has {label} {one_line(current)}")
+            raise CheckpointError(f"checkpoint {path} does not record its {label}; "
+                                  f"this run has {label} {one_line(current)}")
         saved = saved_meta[key]
         if key == "model" and isinstance(saved, dict) and isinstance(current, dict):
             problem = _model_mismatch(saved, current)
@@ -190,7 +193,8 @@ def check_compatible(saved_meta: dict, current_meta: dict, path) -> None:
             raise CheckpointError(f"checkpoint {path} is from env {saved} with action space {one_line(saved_as)}; "
                                   f"this run uses env {current} with action space {one_line(current_as)} "
                                   "(use another --experiment)")
-        raise CheckpointError(f"checkpoint {path} has {label} {one_line(saved)}; this run has {label} {one_line(current)}")
+        raise CheckpointError(f"checkpoint {path} has {label} {one_line(saved)}; "
+                              f"this run has {label} {one_line(current)}")
 
 
 def load_into(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict) -> None:

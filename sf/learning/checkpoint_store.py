@@ -132,7 +132,8 @@ class CheckpointManager:
         self.metric = save_best_metric
         self.log = log
         self.read_only = read_only
-        self.progress = progress  # called as a checkpoint's bytes go out (the learner's heartbeat: a slow disk is no stall)
+        # called as a checkpoint's bytes go out (the learner's heartbeat: a slow disk is no stall)
+        self.progress = progress
         # path -> ((size, mtime_ns, inode), CheckpointInfo or None, reason or None): each file is read once while it is
         # unchanged. None info with a reason: rejected but could not be moved aside (e.g. read-only directory).
         self._verified: dict[Path, tuple[tuple, CheckpointInfo | None, str | None]] = {}
@@ -249,7 +250,8 @@ class CheckpointManager:
         return info, None
 
     def _tell_ignored(self) -> None:
-        """One WARNING for the invalid files ignored (read only) since the last one: the file itself when there is one."""
+        """One WARNING for the invalid files ignored (read only) since the last one: the file itself when there is
+        one."""
         if not self._ignored:
             return
         ignored, self._ignored = self._ignored, []

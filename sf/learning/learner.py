@@ -10,9 +10,9 @@ Populations (--num_policies N): one learner per policy, each with its own queue,
 SharedState.learner) and checkpoint_p{policy_id}. A slot may hold steps another policy acted (an agent changed policy at
 an episode start inside the trajectory): they are masked out of the loss (policy_ids != policy_id). Before each training
 batch the learner applies its policy's hyperparameters from SharedState.hyperparams and, when population-based training
-asks it (SharedState.copy_requests, replace_from), copies another policy's published weights (its Adam moments are reset:
-they were estimated for other weights); its version goes on counting up, so policy workers pick the copy up at once. A copy
-whose source cannot be read whole is retried for PBT_COPY_WAIT_SEC, then abandoned with a warning
+asks it (SharedState.copy_requests, replace_from), copies another policy's published weights (its Adam moments are
+reset: they were estimated for other weights); its version goes on counting up, so policy workers pick the copy up at
+once. A copy whose source cannot be read whole is retried for PBT_COPY_WAIT_SEC, then abandoned with a warning
 (apply_population_updates). Which hyperparameters are in force after a resume: sf/runner/population.py.
 
 Self-healing: a learner that died is replaced (`replacement=True`). The replacement takes the weights of the last SGD
@@ -94,7 +94,8 @@ class Learner:
                  frameskip: int, shape: RunShape | None = None, policy_id: int = 0, all_weights: list | None = None,
                  replacement: bool = False, world: distributed.World | None = None):
         """frameskip: env frames per env step (the env's spec: the learner counts frames, it knows no env); shape: the
-        run's sizes (sf/cfg/shape.py: agents, trajectories per batch), the runner's; None: those of a single-agent env. queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
+        run's sizes (sf/cfg/shape.py: agents, trajectories per batch), the runner's; None: those of a single-agent env.
+        queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
         replacement: this learner replaces one that died (see the module docstring). world: the data-parallel ranks
         (torchrun; default one rank)."""
         self.cfg, self.buffers, self.queues = cfg, buffers, queues
@@ -109,8 +110,8 @@ class Learner:
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
         run_precision(cfg, self.model, self.device)
         if self.model.compute_dtype is not None and policy_id == 0:
-            log.info("The observation encoder computes in bfloat16 (--precision %s; float32 weights, RNN, heads and losses)",
-                     cfg.precision)
+            log.info("The observation encoder computes in bfloat16 "
+                     "(--precision %s; float32 weights, RNN, heads and losses)", cfg.precision)
         self.world = world or distributed.World()
         # (a population under torchrun: this policy lives on this rank alone, its learner trains as on one machine)
         self.data_parallel = self.world.data_parallel(cfg.num_policies)
@@ -150,7 +151,8 @@ class Learner:
             self._load_checkpoint()
         self.state.learner[policy_id, ENV_STEPS] = self.env_steps
         self.ledger.start_released(self.env_steps)  # SharedState.released: none copied out and untrained yet
-        self.state.batch_trained(policy_id, all_out=True)  # none out either (a predecessor's died with it): collection on
+        # none out either (a predecessor's died with it): collection on
+        self.state.batch_trained(policy_id, all_out=True)
         self.start_sha256 = weights_sha256(self.model)  # the final line says whether training changed them
         self.sgd_steps = self.skipped_steps = 0  # this process's optimizer steps, and those skipped (APPO.last_skipped)
         self.publish(self.version)
@@ -208,7 +210,8 @@ class Learner:
                  f" of policy {p}" if self.population else "",
                  f"the last SGD step (version {published})" if published >= 0 else
                  ("the latest checkpoint (the learner died writing its weights)" if state else "initialisation"),
-                 f"of the latest checkpoint (version {int(state['policy_version'])})" if state else "fresh (no checkpoint yet)",
+                 f"of the latest checkpoint (version {int(state['policy_version'])})" if state else
+                 "fresh (no checkpoint yet)",
                  self.version, self.env_steps)
 
     def _join_ranks(self) -> None:
@@ -230,7 +233,8 @@ class Learner:
         if not self.writes:  # data-parallel: rank 0 writes the checkpoints, every rank holds the same weights
             return
         saved = self.checkpoints.holds(self.version, self.env_steps)
-        if saved is not None:  # nothing trained since it was written or loaded: nothing is rewritten, no best relabelled
+        # nothing trained since it was written or loaded: nothing is rewritten, no best relabelled
+        if saved is not None:
             if final:  # (it is the final checkpoint, on disk already)
                 self.queues.report.put(("checkpoint", str(saved), final))
             self.last_save = time.time()
@@ -244,7 +248,8 @@ class Learner:
         if 0 < self.cfg.save_milestones_sec <= time.time() - self.last_milestone:
             self.checkpoints.save_milestone(path)
             self.last_milestone = time.time()
-        metric, episodes = float(self.state.best_metric[self.policy_id, 0]), int(self.state.best_metric[self.policy_id, 1])
+        metric, episodes = (float(self.state.best_metric[self.policy_id, 0]),
+                            int(self.state.best_metric[self.policy_id, 1]))
         if episodes > 0 and self.env_steps >= self.cfg.save_best_after:
             self.checkpoints.save_best(state, self.version, self.env_steps, metric)
         self.queues.report.put(("checkpoint", str(path), final))

@@ -58,8 +58,8 @@ def _row_independent(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 class ActorCritic(nn.Module):
-    # the image/vector encoders' arithmetic: None (float32) or torch.bfloat16 (torch.autocast); cores and heads compute in
-    # float32 from float32 features. Set by the processes that run the model (resolve_precision), not saved.
+    # the image/vector encoders' arithmetic: None (float32) or torch.bfloat16 (torch.autocast); cores and heads compute
+    # in float32 from float32 features. Set by the processes that run the model (resolve_precision), not saved.
     compute_dtype: Optional[torch.dtype] = None
 
     def __init__(self, cfg, obs_space, action_space, channels_last: bool = True):
@@ -117,7 +117,8 @@ class ActorCritic(nn.Module):
         (followed by ELU/ReLU), 0.01 for the action heads (a nearly uniform initial policy), 1 for the critic; with
         orthogonal, the RNN's weight matrices are also orthogonal per gate block [R, in] and its biases zero."""
         if scheme not in ("orthogonal", "xavier_uniform", "torch_default"):
-            raise ValueError(f"policy_initialization must be orthogonal, xavier_uniform or torch_default, got {scheme!r}")
+            raise ValueError(f"policy_initialization must be orthogonal, xavier_uniform or torch_default, "
+                             f"got {scheme!r}")
         init = nn.init.orthogonal_ if scheme == "orthogonal" else nn.init.xavier_uniform_
         layer_gain = {id(h): 0.01 for h in self.action_heads}
         layer_gain[id(self.critic)] = 1.0
@@ -290,7 +291,8 @@ def resolve_precision(choice: str, model: nn.Module, device, deterministic: bool
 
 def run_precision(cfg, model: ActorCritic, device, deterministic: Optional[bool] = None) -> ActorCritic:
     """Set model.compute_dtype as the run's processes set it: --precision resolved on `device` (resolve_precision),
-    deterministic in the sync modes unless `deterministic` says otherwise (a policy worker evaluating). Returns model."""
+    deterministic in the sync modes unless `deterministic` says otherwise (a policy worker evaluating). Returns
+    model."""
     if deterministic is None:
         deterministic = cfg.sync_mode != "async"
     model.compute_dtype = resolve_precision(cfg.precision, model, device, deterministic)

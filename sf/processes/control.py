@@ -9,6 +9,7 @@ import ctypes
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -249,10 +250,8 @@ def bind_device(device) -> None:
     torch.cuda.set_device(device.index or 0)  # ("cuda" names the current device: a new process's or thread's is 0)
 
 
-def device_thread(target: Callable[[], None], device, name: str) -> "threading.Thread":
+def device_thread(target: Callable[[], None], device, name: str) -> threading.Thread:
     """A daemon thread running `target` with `device` bound first (bind_device: CUDA's current device is per thread)."""
-    import threading
-
     def run() -> None:
         bind_device(device)
         target()

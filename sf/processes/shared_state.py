@@ -2,11 +2,13 @@
 is a view of one shared storage (sf.utils.packed), so that a process receiving the state gets one file descriptor.
 
     stop            [1]     int64   1 once the runner asked everyone to stop
-    worker_frames   [W]     int64   env frames collected by each rollout worker, every agent's steps (FPS is read off these)
+    worker_frames   [W]     int64   env frames collected by each rollout worker, every agent's steps (FPS is read off
+                                    these)
     learner         [P, 3]  float64 per policy: env frames trained on, policy version, 1.0 when its learner finished its
                                     final save
-    sync_ready      [1]     int64   hts/ppo modes: training batches whose data the learner took (and, after it, published
-                                    the weights the next rollout uses); rollout interval j starts once it is >= j
+    sync_ready      [1]     int64   hts/ppo modes: training batches whose data the learner took (and, after it,
+                                    published the weights the next rollout uses); rollout interval j starts once it
+                                    is >= j
     best_metric     [P, 2]  float64 per policy: running average of the best-checkpoint metric and its number of episodes
     hyperparams     [P, 3]  float64 per policy: learning rate, entropy coefficient, Adam beta1 (HYPERPARAMS): the
                                     learner applies them before each training batch (population-based training changes
@@ -17,8 +19,9 @@ is a view of one shared storage (sf.utils.packed), so that a process receiving t
                                     (copied, or abandoned with a warning); requested > handled: a copy is pending (the
                                     runner writes replace_from before it counts the request: a later request while one
                                     is pending replaces it, none is lost)
-    shaping         [P, K]  float64 per policy: reward-shaping coefficients of the env (K = len(shaping_keys); 0 for envs
-                                    without shaping), which rollout workers pass to an agent's env at its episode start
+    shaping         [P, K]  float64 per policy: reward-shaping coefficients of the env (K = len(shaping_keys); 0 for
+                                    envs without shaping), which rollout workers pass to an agent's env at its episode
+                                    start
     batches_out     [P, 2]  int64   per policy: training batches its learner copied out of shared memory, and those
                                     it trained on (async): while copied - trained reaches --num_batches_to_accumulate,
                                     its policy workers serve no request (collection paced by the learner, as Sample
@@ -47,12 +50,13 @@ Self-healing (a dead process is replaced in place; sf/runner/healing.py):
                                     marking them its own, or between marking them for a queue and putting them there
                                     (the only moments a slot's mark and its place disagree); a process opens a move only
                                     while `census` is 0, and checks it after opening
-    census          [1]     int64   1 while the runner counts the slots (after a death): no process opens a move, so once
-                                    no live one is inside one, every slot is where its mark says or with a dead process
+    census          [1]     int64   1 while the runner counts the slots (after a death): no process opens a move, so
+                                    once no live one is inside one, every slot is where its mark says or with a dead
+                                    process
     released        [P]     int64   per policy: 2 x the env frames of the trajectories its learner copied out of their
-                                    slots and returned to the free list, + 1 while it returns a batch's slots (that store
-                                    opens the move). Minus the frames trained (learner[p, ENV_STEPS]): the frames a dead
-                                    learner took with it
+                                    slots and returned to the free list, + 1 while it returns a batch's slots (that
+                                    store opens the move). Minus the frames trained (learner[p, ENV_STEPS]): the frames
+                                    a dead learner took with it
 """
 from __future__ import annotations
 
@@ -72,12 +76,12 @@ def shared_hyperparams(cfg) -> dict[str, float]:
     return {k: float(getattr(cfg, k)) for k in HYPERPARAMS}
 
 
-# slot_owner codes: >= 0 with that rollout worker (filling it, or full and not yet marked for a learner); FREE on the free
-# list; queued(p) on learner p's queue; held(p) with learner p (its pending trajectories and the batch it copies out).
-# Who writes them: a rollout worker marks a slot its own after taking it off the free list and queued(p) before putting
-# it on the queue; learner p marks held(p) after taking slots off its queue and FREE before putting them back on the
-# free list. Both inside a move (`moving`): a process killed in one leaves a slot off its queue with the queue's mark,
-# which the runner's census finds (sf/runner/healing.py)
+# slot_owner codes: >= 0 with that rollout worker (filling it, or full and not yet marked for a learner); FREE on the
+# free list; queued(p) on learner p's queue; held(p) with learner p (its pending trajectories and the batch it copies
+# out). Who writes them: a rollout worker marks a slot its own after taking it off the free list and queued(p) before
+# putting it on the queue; learner p marks held(p) after taking slots off its queue and FREE before putting them back on
+# the free list. Both inside a move (`moving`): a process killed in one leaves a slot off its queue with the queue's
+# mark, which the runner's census finds (sf/runner/healing.py)
 SLOT_FREE = -1
 
 
@@ -90,7 +94,8 @@ def slot_held(policy: int) -> int:
 
 
 def learner_name(policy: int, num_policies: int = 1) -> str:
-    """The learner process of `policy`: 'learner' in a one-policy run (as always), 'learner_p{policy}' in a population."""
+    """The learner process of `policy`: 'learner' in a one-policy run (as always), 'learner_p{policy}' in a
+    population."""
     return "learner" if num_policies == 1 else f"learner_p{policy}"
 
 
@@ -104,7 +109,8 @@ class SharedState:
                  shaping_keys: tuple = (), num_slots: int = 0):
         """num_policy_workers: per policy (--policy_workers_per_policy); num_slots: trajectory slots."""
         names = [learner_name(p, num_policies) for p in range(num_policies)]
-        names += [policy_worker_name(p, i, num_policies) for p in range(num_policies) for i in range(num_policy_workers)]
+        names += [policy_worker_name(p, i, num_policies) for p in range(num_policies)
+                  for i in range(num_policy_workers)]
         names += [f"rollout_worker_{w}" for w in range(num_workers)]
         self.num_policies, self.shaping_keys = num_policies, tuple(shaping_keys)
         self.num_policy_workers = num_policy_workers
@@ -144,7 +150,8 @@ class SharedState:
         self.shaping_np = self.shaping.numpy()
         self.epoch_np, self.epoch_go_np = self.epoch.numpy(), self.epoch_go.numpy()
         self.serving_np, self.slot_owner_np = self.serving.numpy(), self.slot_owner.numpy()
-        self.moving_np, self.census_np, self.released_np = self.moving.numpy(), self.census.numpy(), self.released.numpy()
+        self.moving_np, self.census_np, self.released_np = (self.moving.numpy(), self.census.numpy(),
+                                                            self.released.numpy())
         self.batches_out_np = self.batches_out.numpy()
 
     def __getstate__(self) -> dict:  # views are rebuilt in the receiving process (pickled, numpy's would be copies)
@@ -205,7 +212,8 @@ class SharedState:
     def batch_trained(self, policy: int, all_out: bool = False) -> None:
         """Policy `policy`'s learner trained on a batch (its training thread: the only writer of this count); all_out:
         none is out any more (a replacement learner: what its predecessor copied out died with it)."""
-        self.batches_out_np[policy, 1] = self.batches_out_np[policy, 0] if all_out else self.batches_out_np[policy, 1] + 1
+        self.batches_out_np[policy, 1] = (self.batches_out_np[policy, 0] if all_out
+                                          else self.batches_out_np[policy, 1] + 1)
 
     def collection_paused(self, policy: int, limit: int) -> bool:
         """Whether policy `policy`'s learner has `limit` training batches out (copied, not yet trained on)."""

@@ -64,8 +64,8 @@ from sf.runner.supervision import kill_adopted
 log = logging.getLogger("sf")
 KINDS = ("rollout_worker", "policy_worker", "learner")
 SERVING_WAIT_SEC = 10.0  # a policy worker's batch takes milliseconds; one stuck longer is the stall watchdog's business
-# a move takes microseconds, or up to a queue wait's timeout (0.1 s); a process still inside one after this is stopped or
-# starved of CPU, and the census leaves its slots to the end-of-run audit rather than hold every other process longer
+# a move takes microseconds, or up to a queue wait's timeout (0.1 s); a process still inside one after this is stopped
+# or starved of CPU, and the census leaves its slots to the end-of-run audit rather than hold every other process longer
 CENSUS_WAIT_SEC = 5.0
 
 
@@ -75,8 +75,8 @@ def process_kind(name: str) -> str:
 
 
 def memory_mib(procs: dict) -> dict[str, float]:
-    """Resident memory in MiB of this process ("runner") and of `procs` (name -> process) summed by kind: rollout_workers,
-    policy_workers, learners (a single learner, named "learner": learner)."""
+    """Resident memory in MiB of this process ("runner") and of `procs` (name -> process) summed by kind:
+    rollout_workers, policy_workers, learners (a single learner, named "learner": learner)."""
     groups: dict[str, float] = {"runner": psutil.Process().memory_info().rss}
     for name, p in procs.items():
         try:
@@ -132,11 +132,13 @@ class Healer:
 
     def scalars(self) -> dict[str, float]:
         """TensorBoard's faults/ series: restarts per process kind, env frames lost."""
-        return {**{f"restarts_{kind}": float(self.totals[kind]) for kind in KINDS}, "lost_frames": float(self.lost_frames)}
+        return {**{f"restarts_{kind}": float(self.totals[kind]) for kind in KINDS},
+                "lost_frames": float(self.lost_frames)}
 
     def summary(self) -> str:
-        return (f"{sum(self.totals.values())} restarts (rollout workers {self.totals['rollout_worker']}, policy workers "
-                f"{self.totals['policy_worker']}, learners {self.totals['learner']}), {self.lost_frames} env frames lost")
+        return (f"{sum(self.totals.values())} restarts (rollout workers {self.totals['rollout_worker']}, "
+                f"policy workers {self.totals['policy_worker']}, learners {self.totals['learner']}), "
+                f"{self.lost_frames} env frames lost")
 
     # --- replacement ---
     def replace(self, name: str, proc, cause: str, procs: dict, env_slots, own_children: set[int],
@@ -207,7 +209,8 @@ class Healer:
         self.state.epoch_go_np[workers] = self.state.epoch_np[workers]
 
     def drop_replies(self, worker: int) -> None:
-        """Empty a dead rollout worker's reply queue (replies to voided requests): its replacement's replies need room."""
+        """Empty a dead rollout worker's reply queue (replies to voided requests): its replacement's replies need
+        room."""
         drain(self.queues.workers[worker])
 
     # --- trajectory slots ---
@@ -250,8 +253,8 @@ class Healer:
         return out
 
     def _census_after(self, name: str, policy: int | None, alive: Callable[[], set], out: Reclaimed) -> None:
-        """The census, if the dead process `name` (the learner of `policy`, if one) died inside a move: SharedState.moving
-        odd, or a learner's `released`. Its moving count is made even again for its replacement."""
+        """The census, if the dead process `name` (the learner of `policy`, if one) died inside a move:
+        SharedState.moving odd, or a learner's `released`. Its moving count is made even again for its replacement."""
         row = self.state.heartbeat_slot(name)
         if self.state.moving_np[row] % 2 or (policy is not None and self.state.released_np[policy] % 2):
             out.mid_move = self.census(alive)

@@ -21,11 +21,11 @@ Semantics
 - Ranking: higher objective first, ties to the lower policy id. n_top = max(1, round-half-up(replace_fraction * N)).
   Top group: the first n_top (never touched, no decision recorded). Worst group: the last n_top. Bottom group: all but
   the top. If the groups overlap (replace_fraction > 0.5) the top group wins.
-- A policy of the worst group draws a source uniformly from the top group. If |obj_src - obj_i| <= max(replace_reward_gap
-  * |obj_src|, replace_reward_gap_absolute) it keeps its weights (a "keep" decision with the reason) and is mutated
-  like the rest of the bottom group (a "mutate" decision follows the "keep" in the same returned list); otherwise it
-  copies weights and all hyperparameters of the source ("replace"; changes = every hyperparameter that differed) and is
-  not mutated.
+- A policy of the worst group draws a source uniformly from the top group. If |obj_src - obj_i| <=
+  max(replace_reward_gap * |obj_src|, replace_reward_gap_absolute) it keeps its weights (a "keep" decision with the
+  reason) and is mutated like the rest of the bottom group (a "mutate" decision follows the "keep" in the same returned
+  list); otherwise it copies weights and all hyperparameters of the source ("replace"; changes = every hyperparameter
+  that differed) and is not mutated.
 - Mutation (bottom group, no copy): each mutable hyperparameter, independently with probability mutation_rate, is
   multiplied or divided (50/50) by a factor drawn uniformly in [perturb_min, perturb_max] ("one_minus": applied to
   1 - value, for Adam beta1), then clipped to its bounds. A mutation that changed nothing (no hyperparameter drawn, a
@@ -88,7 +88,8 @@ class PbtSettings:
             if not _is_number(v) or not math.isfinite(v) or v < 1.0:
                 raise ValueError(f"PBT setting {name} must be a finite number >= 1, got {v!r}")
         if self.perturb_min > self.perturb_max:
-            raise ValueError(f"PBT setting perturb_min ({self.perturb_min}) must be <= perturb_max ({self.perturb_max})")
+            raise ValueError(f"PBT setting perturb_min ({self.perturb_min}) must be <= "
+                             f"perturb_max ({self.perturb_max})")
         for name in ("replace_reward_gap", "replace_reward_gap_absolute"):
             v = getattr(self, name)
             if not _is_number(v) or not math.isfinite(v) or v < 0.0:
@@ -114,7 +115,8 @@ class HyperSpec:
             raise ValueError(f"PBT hyperparameter {self.name}: bounds must be finite with low <= high, "
                              f"got [{self.low!r}, {self.high!r}]")
         if self.kind == "one_minus" and self.high >= 1.0:
-            raise ValueError(f"PBT hyperparameter {self.name}: a one_minus bound must stay below 1, got high={self.high}")
+            raise ValueError(f"PBT hyperparameter {self.name}: a one_minus bound must stay below 1, "
+                             f"got high={self.high}")
 
     def perturb(self, value: float, factor: float) -> float:
         """The value after multiplying by `factor` (dividing: pass 1/factor), clipped to the bounds."""
@@ -194,7 +196,8 @@ class PbtDecision:
         """The inverse of to_dict (None objectives back to NaN); ValueError (one line) for a malformed dict."""
         if not isinstance(d, dict):
             raise ValueError(f"PBT decision must be a dict, got {type(d).__name__}")
-        missing = [k for k in ("policy", "kind", "env_steps", "source", "changes", "objectives", "reason") if k not in d]
+        missing = [k for k in ("policy", "kind", "env_steps", "source", "changes", "objectives", "reason")
+                   if k not in d]
         if missing:
             raise ValueError(f"PBT decision lacks {', '.join(missing)}")
         if not _is_int(d["policy"]) or d["kind"] not in KINDS or not _is_int(d["env_steps"]):
@@ -260,7 +263,8 @@ class PopulationBasedTraining:
         return int(policy)
 
     def set_all(self, name: str, value: float) -> list[float]:
-        """Give every policy `value` for hyperparameter `name` (a value the user set on resume); returns the old ones."""
+        """Give every policy `value` for hyperparameter `name` (a value the user set on resume); returns the old
+        ones."""
         if name not in self._names or not _is_number(value) or not math.isfinite(value):
             raise ValueError(f"PBT: cannot set hyperparameter {name!r} to {value!r}")
         old = [h[name] for h in self._hyper]

@@ -92,7 +92,8 @@ class PopulationControl:
                                cfg.pbt_replace_reward_gap, cfg.pbt_replace_reward_gap_absolute)
         self.pbt = PopulationBasedTraining(cfg.num_policies, settings, initial_hyperparams(cfg, shaping),
                                            default_hyper_specs(tuple(shaping)), stream_seed(run_seed(cfg), PBT))
-        self.objective_key: str | None = None if cfg.pbt_target_objective == "true_objective" else cfg.pbt_target_objective
+        self.objective_key: str | None = (None if cfg.pbt_target_objective == "true_objective"
+                                          else cfg.pbt_target_objective)
         self.resumed = False
         if cfg.restart_behavior == "resume" and self.path.exists():
             try:
@@ -100,7 +101,8 @@ class PopulationControl:
             except OSError as e:
                 raise RunError(f"cannot read {self.path}: {e.strerror or e}") from None
             except ValueError as e:  # malformed JSON or a state of another population
-                raise ConfigError(f"{self.path}: {' '.join(str(e).split())} (move it aside to start PBT afresh)") from None
+                raise ConfigError(f"{self.path}: {' '.join(str(e).split())} "
+                                  "(move it aside to start PBT afresh)") from None
             self.resumed = True
             self._apply_flags(cfg._explicit)
 

@@ -84,8 +84,8 @@ class PopulationLink:
             try:
                 self.store.wait([self._key("decisions", 1)], datetime.timedelta(seconds=timeout_sec))
             except RuntimeError as e:
-                raise RunError(f"rank {self.world.rank}: rank 0 did not publish the population's hyperparameters within "
-                               f"{timeout_sec:g} s (--distributed_timeout_sec): {first_line(e)}") from None
+                raise RunError(f"rank {self.world.rank}: rank 0 did not publish the population's hyperparameters "
+                               f"within {timeout_sec:g} s (--distributed_timeout_sec): {first_line(e)}") from None
             self.hyper = json.loads(self.store.get(self._key("decisions", 1)))["hyper"]
             fill_shared(state, self.hyper)
         self.applied = 1
@@ -148,7 +148,8 @@ class PopulationLink:
         return self.scratch
 
     def _serve(self) -> None:
-        """The weights of this rank's sources that other ranks' policies copy (retried while none whole is published)."""
+        """The weights of this rank's sources that other ranks' policies copy (retried while none whole is
+        published)."""
         for item in list(self.serving):
             k, p, source = item
             version = self.weights[source].load_into(self._model(), -1)

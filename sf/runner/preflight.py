@@ -103,7 +103,8 @@ def data_parallel_world(cfg: Config) -> tuple[Config, distributed.World]:
         raise ConfigError(f"torchrun's environment: {e}") from None
     if not world.distributed:
         return cfg, world
-    for refused, why in ((cfg.sync_mode != "async", f"--sync_mode {cfg.sync_mode}"), (cfg.serial_mode, "--serial_mode")):
+    for refused, why in ((cfg.sync_mode != "async", f"--sync_mode {cfg.sync_mode}"),
+                         (cfg.serial_mode, "--serial_mode")):
         if refused:
             raise ConfigError(f"{why}: runs under torchrun train asynchronously (--sync_mode async, no --serial_mode)")
     population = cfg.num_policies > 1
@@ -146,7 +147,8 @@ def probe_env(cfg):
     except (ImportError, FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e).splitlines()[0] if str(e) else repr(e)) from None
     try:
-        env_bytes = max(0, _uss(me) - uss_before) + max(0, shm_used_bytes() - shm_before)  # VizDoom: screen buffers in /dev/shm
+        env_bytes = (max(0, _uss(me) - uss_before)
+                     + max(0, shm_used_bytes() - shm_before))  # VizDoom: screen buffers in /dev/shm
         env_bytes += sum(_uss(c) for c in me.children(recursive=True) if c.pid not in children_before)
         obs_space, action_space = env.observation_space, env.action_space
         shaping = dict(sorted(env.reward_shaping_defaults().items())) if hasattr(env, "reward_shaping_defaults") else {}
@@ -224,11 +226,12 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int, devic
     gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
     detail = ", ".join(f"{k} {gib(v)}" for k, v in parts.items())
     if need > 0.9 * have:
-        raise ConfigError(f"this configuration needs about {gib(need)} of memory ({detail}) but {gib(have)} is available; "
-                          "lower --num_workers, --num_envs_per_worker, --num_policies, --batch_size or the model size")
+        raise ConfigError(f"this configuration needs about {gib(need)} of memory ({detail}) but {gib(have)} "
+                          "is available; lower --num_workers, --num_envs_per_worker, --num_policies, --batch_size "
+                          "or the model size")
     if shm_need > 0.9 * shm_have:
-        raise ConfigError(f"not enough shared memory: trajectory buffers and weights need {gib(shm_need)}, /dev/shm has "
-                          f"{gib(shm_have)} free; lower --num_envs_per_worker/--batch_size or enlarge /dev/shm")
+        raise ConfigError(f"not enough shared memory: trajectory buffers and weights need {gib(shm_need)}, /dev/shm "
+                          f"has {gib(shm_have)} free; lower --num_envs_per_worker/--batch_size or enlarge /dev/shm")
     if not cuda:
         return
     # the batch's observations and RNN states ([T+1] and the final one); its other per-step entries are left out
@@ -365,8 +368,8 @@ def prepare_experiment_dir(cfg) -> Path:
     try:
         if cfg.restart_behavior in ("restart", "overwrite") and (exp_dir.exists() or exp_dir.is_symlink()):
             if exp_dir.is_symlink() or not exp_dir.is_dir() or not (exp_dir / "config.json").is_file():
-                raise ConfigError(f"--restart_behavior {cfg.restart_behavior}: {exp_dir} is not an experiment directory "
-                                  "(no config.json in it); refusing to move or delete it")
+                raise ConfigError(f"--restart_behavior {cfg.restart_behavior}: {exp_dir} is not an experiment "
+                                  "directory (no config.json in it); refusing to move or delete it")
             if cfg.restart_behavior == "restart":
                 stamp, n = time.strftime("%Y%m%d_%H%M%S"), 0
                 aside = exp_dir.with_name(f"{exp_dir.name}_old_{stamp}")

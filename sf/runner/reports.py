@@ -29,7 +29,8 @@ class ReportReader:
         self.cfg, self.queue, self.stats, self.state = cfg, queue, stats, state
         self.stack_files, self.on_error = stack_files, on_error
         self.num_policies = cfg.num_policies
-        self.final_checkpoints: set[str] = set()  # the paths learners reported as their final checkpoint (the Done line)
+        # the paths learners reported as their final checkpoint (the Done line)
+        self.final_checkpoints: set[str] = set()
         self.handlers: dict[str, Callable[[tuple], None]] = {}  # kind -> handler(message), for kinds not above
 
     def drain(self) -> None:

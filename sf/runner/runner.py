@@ -165,7 +165,8 @@ class Runner:
         self.stats.enabled = self.world.rank == 0 or not self.data_parallel  # data-parallel: rank 0 writes TensorBoard
         if self.world.distributed and not self.data_parallel:  # each rank its policies' (a shared directory: no clash)
             self.stats.shown, self.stats.file_suffix = self.policies, f".rank{self.world.rank}"
-        self.world_report = (time.time(), 0.0)  # data-parallel: (time, collected frames of all ranks) at the last report
+        # data-parallel: (time, collected frames of all ranks) at the last report
+        self.world_report = (time.time(), 0.0)
         if self.cfg.with_pbt and self.num_policies > 1:
             record(self.stats, hyper)
         self._build_supervision()
@@ -174,9 +175,11 @@ class Runner:
     def _build_shared(self) -> list[dict]:
         """What every process shares: trajectory buffers, weights, counters, queues; the hyperparameters (returned)."""
         cfg, P = self.cfg, self.num_policies
-        self.buffers = TrajectoryBuffers(self.shape.slots, cfg.rollout, self.obs_space, self.action_space, self.rnn_state_size)
+        self.buffers = TrajectoryBuffers(self.shape.slots, cfg.rollout, self.obs_space, self.action_space,
+                                         self.rnn_state_size)
         self.weights = self._shared_weights()
-        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping), self.shape.slots)
+        self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping),
+                                 self.shape.slots)
         # [W, agents per worker, (slot, t, policy)]
         self.env_slots = torch.zeros((cfg.num_workers, self.shape.agents_per_worker, 3),
                                      dtype=torch.int64).share_memory_()
@@ -220,8 +223,8 @@ class Runner:
         for note in cfg._notes:
             log.info("%s", note)
         log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB), "
-                 "seed %d", self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker, self.shape.slots,
-                 self.buffer_bytes / 2**20, cfg.seed)
+                 "seed %d", self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker,
+                 self.shape.slots, self.buffer_bytes / 2**20, cfg.seed)
         playing = self.shape.agents  # agents in all, playing at once
         if P > 1 or self.shape.agents_per_env > 1:
             log.info("Population: %d policies (%s), %d agents per env (%d agents in all), policy mapping %s%s", P,
@@ -231,9 +234,9 @@ class Runner:
                      if cfg.policy_mapping != "fixed" and P > 1 else "")
         here = len(self.policies)  # (a population under torchrun: this rank's; its agents play only them)
         if here > playing:  # (--policy_mapping fixed is refused in preflight then)
-            log.warning("Population: %d policies but %d agent(s) play at once: the others wait for a draw (each rollout "
-                        "worker draws every policy once per %d draws, a draw every %d episodes of an env), and the run "
-                        "ends when every policy has trained --train_for_env_steps", here, playing, here,
+            log.warning("Population: %d policies but %d agent(s) play at once: the others wait for a draw (each "
+                        "rollout worker draws every policy once per %d draws, a draw every %d episodes of an env), "
+                        "and the run ends when every policy has trained --train_for_env_steps", here, playing, here,
                         cfg.policy_resample_episodes)
         mode = MODE_LINES[cfg.sync_mode].format(batch=self.shape.samples_per_batch,
                                                 steps=sync_minibatches(cfg) * cfg.num_epochs)
@@ -263,7 +266,8 @@ class Runner:
         """Start the learners, the policy workers, the rollout workers; from `context`, a multiprocessing context
         (default: the fork server's, worker_context)."""
         self.context = context or worker_context(self.env_modules)
-        self.own_children = {c.pid for c in psutil.Process().children()}  # the fork server and multiprocessing's helpers
+        # the fork server and multiprocessing's helpers
+        self.own_children = {c.pid for c in psutil.Process().children()}
         self._start_learners()
         for p in self.policies:
             for i in range(self.cfg.policy_workers_per_policy):
@@ -279,15 +283,15 @@ class Runner:
         name = learner_name(p, self.num_policies)
         # the learner writes the checkpoints: it holds the experiment's lock too (its descriptor, passed on), so the
         # lock outlives a killed runner until the learner is gone as well
-        self._start(name, run_holding, self.lock, run_learner, self.cfg, self.obs_space, self.action_space, self.buffers,
-                    learner_queues(self.queues, p), self.weights[p], self.state, self.device, self.exp_dir,
-                    self.spec.frameskip, self.shape, p, self.weights, replacement)
+        self._start(name, run_holding, self.lock, run_learner, self.cfg, self.obs_space, self.action_space,
+                    self.buffers, learner_queues(self.queues, p), self.weights[p], self.state, self.device,
+                    self.exp_dir, self.spec.frameskip, self.shape, p, self.weights, replacement)
         return name
 
     def _start_policy_worker(self, p: int, i: int) -> str:
         name = policy_worker_name(p, i, self.num_policies)
-        self._start(name, run_policy_worker, self.cfg, i, self.obs_space, self.action_space, self.buffers, self.env_slots,
-                    policy_queues(self.queues, p), self.weights[p], self.state, self.device, p)
+        self._start(name, run_policy_worker, self.cfg, i, self.obs_space, self.action_space, self.buffers,
+                    self.env_slots, policy_queues(self.queues, p), self.weights[p], self.state, self.device, p)
         return name
 
     def _start_rollout_worker(self, w: int) -> str:
@@ -362,7 +366,8 @@ class Runner:
 
     def _log_done(self, start: float) -> None:
         """The last line: the experiment's counters (a learner that never started leaves its checkpoint's), this run's
-        time and rate, and the checkpoints on disk as they are (checkpoint_note: final, or the last one kept, or none)."""
+        time and rate, and the checkpoints on disk as they are (checkpoint_note: final, or the last one kept, or
+        none)."""
         frames = sum(max(now, before) for now, (_, before) in zip(self.state.policy_env_steps(), self.resumed))
         versions = [max(p.version, int(self.state.learner[i, VERSION])) for i, p in enumerate(self.stats.policies)]
         wall = time.time() - start
@@ -373,8 +378,8 @@ class Runner:
                  if self.world.rank == 0 or not self.data_parallel else "(rank 0 writes the checkpoints)")
         if self.data_parallel:
             log.info("Done (rank %d of %d): %d env frames in %s (%.0f frames/s), policy version %d (%s); all ranks: %d "
-                     "env frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall), rate,
-                     versions[0], skipped, max(self.trained_frames(), self.world.world_size * frames), saved)
+                     "env frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall),
+                     rate, versions[0], skipped, max(self.trained_frames(), self.world.world_size * frames), saved)
         elif self.num_policies == 1:
             log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d (%s). %s", frames,
                      format_duration(wall), rate, versions[0], skipped, saved)
@@ -428,7 +433,8 @@ class Runner:
         return min(trained[p] for p in self.policies)
 
     def budget_reached(self, start: float) -> bool:
-        return self.trained_frames() >= self.cfg.train_for_env_steps or time.time() - start >= self.cfg.train_for_seconds
+        return (self.trained_frames() >= self.cfg.train_for_env_steps
+                or time.time() - start >= self.cfg.train_for_seconds)
 
     def _check_processes(self) -> bool:
         """Replace a process that died (self-healing), or return False (and stop with exit code 1) where it cannot be:

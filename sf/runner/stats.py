@@ -39,7 +39,8 @@ class PolicyStats:
         reports a training batch, so that a run that trains nothing shows the experiment's counters, not zeros."""
         self.lag_batches = float("nan")  # hts/ppo: policy lag in training batches of the last batch
         self.lag_batches_unwritten: list[float] = []  # ... and of every batch since the last summary
-        self.episodes: dict[str, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=stats_avg))
+        self.episodes: dict[str, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=stats_avg))
         self.num_episodes = 0
         self.train_stats: list[dict] = []  # SGD steps since the last summary
         self.last_train: dict = {}
@@ -78,7 +79,8 @@ class PolicyStats:
                          ("win", "reward/win_rate")):
             d = self.episodes.get(key)
             if d:
-                scalars[tag], scalars[tag + "_min"], scalars[tag + "_max"] = float(np.mean(d)), float(min(d)), float(max(d))
+                scalars[tag], scalars[tag + "_min"], scalars[tag + "_max"] = (
+                    float(np.mean(d)), float(min(d)), float(max(d)))
         if self.train_stats:
             for k in TRAIN_KEYS:
                 vals = [s[k] for s in self.train_stats if k in s]
@@ -185,8 +187,8 @@ class RunStats:
         of = f" of {len(self.policies)}" if len(shown) < len(self.policies) else ""
         lines = [f"Fps is ({fps}). Total num frames: {self.total_frames}. {len(shown)} policies{of}{idle_text}:"]
         for i, p in shown:
-            lines.append(f"  policy {i}: version {p.version}, {p.learner_env_steps} frames trained. {self._lag_text(p)}. "
-                         f"{self._episodes_text(p)}")
+            lines.append(f"  policy {i}: version {p.version}, {p.learner_env_steps} frames trained. "
+                         f"{self._lag_text(p)}. {self._episodes_text(p)}")
         return "\n".join(lines)
 
     @staticmethod

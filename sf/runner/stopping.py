@@ -27,7 +27,8 @@ from sf.processes.shared_state import FINISHED
 
 log = logging.getLogger("sf")
 STOP_TIMEOUT_SEC = 8.0  # processes other than the learners: then killed
-AFTER_FINAL_SAVE_SEC = 2.0  # a learner that finished its final save, to exit (before: a kill would be harmless, but noise)
+# a learner that finished its final save, to exit (before: a kill would be harmless, but noise)
+AFTER_FINAL_SAVE_SEC = 2.0
 SIGTERM_MARGIN_SEC = 5.0  # of --sigterm_grace_sec, for the runner's own exit (at most a quarter of the grace)
 WAIT_NOTE_SEC = 10.0  # a console line this often while a learner's final save goes on
 

@@ -187,8 +187,8 @@ class Silence:
 def _release_fork_server() -> None:
     """Close this child's copy of the fork server's liveness pipe. multiprocessing hands every child it forks the pipe's
     write end (so that the child could start processes through the same server); the fork server exits only when every
-    write end is closed, and its children die only when it exits (parent-death signal): with the copies open, the runner's
-    death would leave the fork server, its workers and their engines running for good."""
+    write end is closed, and its children die only when it exits (parent-death signal): with the copies open, the
+    runner's death would leave the fork server, its workers and their engines running for good."""
     import multiprocessing.forkserver as forkserver
     server = forkserver._forkserver  # private, stable since Python 3.4: the module-level ForkServer
     fd = getattr(server, "_forkserver_alive_fd", None)

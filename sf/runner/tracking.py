@@ -122,8 +122,8 @@ class WandbTracker:
             self._fail(error_line(e))
 
     def finish(self, exit_code: int = 0, timeout: float | None = None) -> bool:
-        """wandb's finish (after the rows logged so far), waiting at most `timeout` seconds: the run does not outlive its
-        stop for W&B's sake. True if it finished. If not, wandb's service process is ended, so that nothing waits on
+        """wandb's finish (after the rows logged so far), waiting at most `timeout` seconds: the run does not outlive
+        its stop for W&B's sake. True if it finished. If not, wandb's service process is ended, so that nothing waits on
         it at exit; what it had not sent stays in the run's directory (`wandb sync`)."""
         if timeout is None:
             timeout = _finish_timeout()

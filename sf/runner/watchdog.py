@@ -28,9 +28,9 @@ STARTUP_STALL_SEC = 60.0
 # (computing without a beat: a long step, or a loop that never ends) gets up to BUSY_GRACE x the timeout; one that
 # did not run (starved by other work) is left alone, with a warning: killing it would not give it a CPU
 BUSY_SHARE, BUSY_GRACE = 0.25, 6.0
-# A data-parallel learner blocked in a collective waits for a slow peer up to --distributed_timeout_sec (at start, in the
-# rendezvous, up to twice that: its store client retries once); then the collective raises and the learner stops the run
-# itself. It is stuck only this long after that
+# A data-parallel learner blocked in a collective waits for a slow peer up to --distributed_timeout_sec (at start, in
+# the rendezvous, up to twice that: its store client retries once); then the collective raises and the learner stops the
+# run itself. It is stuck only this long after that
 PEER_WAIT_GRACE_SEC = 30.0
 
 
@@ -51,7 +51,8 @@ class StallWatchdog:
         """Whether this rank's launcher died (logged once, then the runner stops the rank)."""
         if self.launcher is None or os.getppid() == self.launcher:
             return False
-        log.error("This rank's launcher (pid %d, torchrun) is gone: stopping this rank (final checkpoint)", self.launcher)
+        log.error("This rank's launcher (pid %d, torchrun) is gone: stopping this rank (final checkpoint)",
+                  self.launcher)
         self.launcher = None
         self.state.request_stop()
         return True
@@ -90,8 +91,9 @@ class StallWatchdog:
 
     def _look(self) -> None:
         now = time.monotonic()
-        if now - self.last_watch > 5.0:  # the runner itself was stopped (Ctrl-Z, then fg) or starved: all silence so far
-            self.state.beat_all()         # is nobody's fault
+        # the runner itself was stopped (Ctrl-Z, then fg) or starved: all silence so far is nobody's fault
+        if now - self.last_watch > 5.0:
+            self.state.beat_all()
         self.last_watch = now
 
     def _judge(self, name: str, p, timeout: float) -> tuple | None:

@@ -17,10 +17,10 @@ Populations (--num_policies N): each policy has its own policy workers, request 
 names a group; env_slots[w, i] = (slot, t, policy) says which of its agents this worker's policy plays: it serves those
 and writes its policy id into policy_ids (the learners mask steps another policy acted).
 
-Self-healing: a request is (w, epoch * splits + g); one of an epoch the runner has voided (SharedState.epoch: the rollout
-worker died, or another policy worker did) is dropped unanswered. SharedState.serving counts batches begun and finished
-(odd while serving one): the runner waits for a batch begun before it voided an epoch before it reuses that worker's
-slots or lets it ask again.
+Self-healing: a request is (w, epoch * splits + g); one of an epoch the runner has voided (SharedState.epoch: the
+rollout worker died, or another policy worker did) is dropped unanswered. SharedState.serving counts batches begun and
+finished (odd while serving one): the runner waits for a batch begun before it voided an epoch before it reuses that
+worker's slots or lets it ask again.
 
 Pacing (async): while its learner has --num_batches_to_accumulate training batches out of shared memory (copied, not
 yet trained on: SharedState.batches_out), a policy worker serves no request, and the rollout workers waiting on it
@@ -199,7 +199,8 @@ class PolicyWorker:
             values, new_rnn = torch.zeros(len(step), device=self.device), rnn
         else:
             obs = {k: torch.from_numpy(v[obs_i]).to(self.device, non_blocking=True) for k, v in self.obs_flat.items()}
-            logits, values, new_rnn = self._forward_chunked(obs, rnn) if self.sync else self.model.forward_step(obs, rnn)
+            logits, values, new_rnn = (self._forward_chunked(obs, rnn) if self.sync
+                                       else self.model.forward_step(obs, rnn))
         dist = self.model.action_distribution(logits)
         if self.argmax:
             actions = dist.mode()
@@ -243,8 +244,8 @@ class PolicyWorker:
         return tuple(torch.cat(parts)[:b] for parts in zip(*outs))
 
 
-def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights, shared_state,
-                      device, policy_id: int = 0) -> None:
+def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights,
+                      shared_state, device, policy_id: int = 0) -> None:
     """Process entry: `--policy_worker_torch_threads` threads; on a CPU device at the rollout workers' priority (nice
     +5), below the learner's: the learner is the costliest stage on a CPU and every frame waits for it, while a policy
     worker at the same priority as the learner takes its time slices (measured on 2 cores, doom_battle 2 workers x 8

@@ -100,7 +100,8 @@ class RolloutWorker:
         # the mode (async or hts/ppo training, sf.eval): where slots come from, trajectories and episodes go
         self.sink = episode_sink(self)
         self.mapping = self.sink.mapping  # which policy plays each agent's episodes
-        self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_agents + i) for i in range(self.num_agents)]
+        self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_agents + i)
+                           for i in range(self.num_agents)]
         self.discrete = self.actions_np.dtype == np.int64
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
         self.slot = np.zeros(self.num_agents, dtype=np.int64)
@@ -139,7 +140,8 @@ class RolloutWorker:
         self.env_slots_np = env_slots.numpy()
         self.agent_slots = self.env_slots_np[worker_idx]  # [E * A, C] this worker's row: (slot, t, ...) per agent
         self.has_policy_column = self.env_slots_np.shape[-1] > 2
-        self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")  # also its row of SharedState.moving
+        # also its row of SharedState.moving
+        self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")
 
     def _init_agent_policies(self, shared_state) -> None:
         """The policy playing each agent (and the one whose learner gets its slot), and the reward shaping last given to
@@ -193,7 +195,8 @@ class RolloutWorker:
 
     # --- start ---
     def start(self) -> None:
-        """Reset every env, choose each agent's policy, take a slot for each agent, and request actions for every group."""
+        """Reset every env, choose each agent's policy, take a slot for each agent, and request actions for every
+        group."""
         for e, env in enumerate(self.envs):
             self.state.beat(self.heartbeat)
             obs, infos = env.reset(seed=self._env_seed(e))

@@ -56,7 +56,8 @@ class AtariEnv(gym.Env):
         self.ale = ale
         self._rom = roms.get_rom_path(game)
         self._seed_and_load(derive_seed(cfg_seed(cfg), env_index))
-        self.actions = ale.getLegalActionSet() if get_param(cfg, "atari_full_action_space") else ale.getMinimalActionSet()
+        self.actions = (ale.getLegalActionSet() if get_param(cfg, "atari_full_action_space")
+                        else ale.getMinimalActionSet())
         self.action_meanings = [a.name for a in self.actions]
         self.action_space = gym.spaces.Discrete(len(self.actions))
         self.observation_space = gym.spaces.Dict(obs=gym.spaces.Box(0, 255, (self.stack, OBS_SIZE, OBS_SIZE), np.uint8))

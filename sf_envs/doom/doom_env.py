@@ -42,8 +42,8 @@ def scenario_path(scenario: DoomScenario, cfg=None) -> Path:
     d = scenarios_dir(cfg)
     missing = [f for f in (scenario.cfg_file, *scenario.files) if not (d / f).is_file()]
     if missing:
-        raise EnvUnavailableError(f"Doom scenario data for {scenario.name} is missing ({', '.join(missing)} not in {d}); "
-                                  f"fetch it with: {fetch_hint(d)}")
+        raise EnvUnavailableError(f"Doom scenario data for {scenario.name} is missing "
+                                  f"({', '.join(missing)} not in {d}); fetch it with: {fetch_hint(d)}")
     return check_scenario(scenario, d / scenario.cfg_file)
 
 
@@ -63,7 +63,8 @@ def bots_config(difficulty: int, num_bots: int) -> str:
         colors = ["40 cf 00", "b0 b0 b0", "50 50 60", "8f 00 00", "ff ff ff", "cf 40 00", "ff ff 00", "00 80 ff"]
         text = "".join(f"{{\n    name        Bot{i + 1}_skill{difficulty}\n    aiming      {difficulty}\n"
                        f"    perfection  {difficulty}\n    reaction    {difficulty}\n    isp         {difficulty}\n"
-                       f"    color       \"{colors[i % len(colors)]}\"\n    skin        base\n}}\n\n" for i in range(num_bots))
+                       f"    color       \"{colors[i % len(colors)]}\"\n    skin        base\n}}\n\n"
+                       for i in range(num_bots))
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(text)
         os.replace(tmp, path)

@@ -58,8 +58,9 @@ def default_scenarios_dir() -> Path:
 
 
 def scenarios_dir(cfg=None) -> Path:
-    """Where the fetched scenarios live: cfg.doom_scenarios_dir, else $SF_DOOM_SCENARIOS, else <repo>/data/doom_scenarios
-    in a clone or the user's data directory for an installed copy (sf_envs.utils.data_dir)."""
+    """Where the fetched scenarios live: cfg.doom_scenarios_dir, else $SF_DOOM_SCENARIOS, else
+    <repo>/data/doom_scenarios in a clone or the user's data directory for an installed copy
+    (sf_envs.utils.data_dir)."""
     d = get_param(cfg, "doom_scenarios_dir")
     if not d:
         d = os.environ.get(ENV_VAR) or None

@@ -24,7 +24,8 @@ def _buttons(*names):
 
 def _delta_bins(n: int, max_deg: float):
     step = 2 * max_deg / (n - 1)
-    return tuple(((("TURN_LEFT_RIGHT_DELTA", round(-max_deg + i * step, 4)),) if abs(-max_deg + i * step) > 1e-9 else ())
+    return tuple(((("TURN_LEFT_RIGHT_DELTA", round(-max_deg + i * step, 4)),)
+                  if abs(-max_deg + i * step) > 1e-9 else ())
                  for i in range(n))
 
 
@@ -54,7 +55,8 @@ NUM_MEASUREMENTS = len(MEASUREMENT_NAMES)
 # weapon preferences of the shaping scheme (pistol 1, shotguns/chaingun/rockets 5, plasma/BFG 10)
 WEAPON_PREFERENCE = {0: 1, 1: 1, 2: 1, 3: 5, 4: 5, 5: 5, 6: 10, 7: 10}
 
-_RENDER_FULL = dict(render_hud=True, render_crosshair=True, render_weapon=True, render_decals=False, render_particles=False)
+_RENDER_FULL = dict(render_hud=True, render_crosshair=True, render_weapon=True, render_decals=False,
+                    render_particles=False)
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,8 @@ class DoomScenario:
 
 
 SCENARIOS = [
-    DoomScenario("doom_basic", "basic.cfg", "vizdoom", (("action", NOOP + _buttons("MOVE_LEFT", "MOVE_RIGHT", "ATTACK")),),
+    DoomScenario("doom_basic", "basic.cfg", "vizdoom",
+                 (("action", NOOP + _buttons("MOVE_LEFT", "MOVE_RIGHT", "ATTACK")),),
                  "Basic: shoot the monster in front (reward x0.01)", single_head=True, reward_scale=0.01,
                  settings=dict(living_reward=-1.0, episode_start_time=14, episode_timeout=300, doom_skill=5,
                                render_hud=True, render_crosshair=False, render_weapon=True, render_decals=False,
@@ -122,20 +125,24 @@ SCENARIOS = [
     DoomScenario("doom_defend_the_line", "defend_the_line.cfg", "vizdoom", (TURN, ATTACK),
                  "Defend the line: shoot the monsters across the room",
                  settings=dict(death_penalty=1.0, episode_start_time=10, doom_skill=3, render_hud=True,
-                               render_crosshair=False, render_weapon=True, render_decals=False, render_particles=False)),
+                               render_crosshair=False, render_weapon=True, render_decals=False,
+                               render_particles=False)),
     DoomScenario("doom_health_gathering", "health_gathering.cfg", "vizdoom",
                  (("action", NOOP + _buttons("TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD", "MOVE_BACKWARD")),),
                  "Health gathering: pick up medkits on an acid floor (+1 per medkit shaping)", single_head=True,
                  shaping="gathering",
                  settings=dict(living_reward=0.01, death_penalty=0.0, episode_timeout=2100, render_hud=False,
-                               render_crosshair=False, render_weapon=False, render_decals=False, render_particles=False)),
+                               render_crosshair=False, render_weapon=False, render_decals=False,
+                               render_particles=False)),
     # Sample Factory's map (fetched), not the vizdoom wheel's: the wheel's health_gathering_supreme.wad differs (29,498
     # bytes against 23,206), and Sample Factory's published model and the Hugging Face course were trained on its own
     DoomScenario("doom_health_gathering_supreme", "health_gathering_supreme.cfg", "sf",
                  (("action", NOOP + _buttons("TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD", "MOVE_BACKWARD")),),
-                 "Health gathering supreme: a maze with medkits and poison vials", single_head=True, shaping="gathering",
+                 "Health gathering supreme: a maze with medkits and poison vials", single_head=True,
+                 shaping="gathering",
                  settings=dict(living_reward=0.01, death_penalty=0.0, episode_timeout=2100, render_hud=False,
-                               render_crosshair=False, render_weapon=False, render_decals=False, render_particles=False)),
+                               render_crosshair=False, render_weapon=False, render_decals=False,
+                               render_particles=False)),
     DoomScenario("doom_my_way_home", "my_way_home.cfg", "vizdoom", (TURN, MOVE),
                  "My way home: find the vest in a maze (sparse reward)",
                  settings=dict(living_reward=-0.0001, episode_start_time=10, episode_timeout=2100, doom_skill=5,
@@ -159,12 +166,14 @@ SCENARIOS = [
     DoomScenario("doom_battle", "battle_continuous_turning.cfg", "sf", (MOVE, STRAFE, ATTACK, SPRINT, AIM_BATTLE),
                  "Battle: kill monsters, gather health and ammo (full variant: measurements, 5 heads)",
                  measurements=True, shaping="battle", score_var="USER2",
-                 settings=dict(living_reward=0.0, death_penalty=0.0, episode_timeout=2100, doom_skill=2, **_RENDER_FULL),
+                 settings=dict(living_reward=0.0, death_penalty=0.0, episode_timeout=2100, doom_skill=2,
+                               **_RENDER_FULL),
                  files=("battle.wad",)),
     DoomScenario("doom_battle2", "battle2_continuous_turning.cfg", "sf", (MOVE, STRAFE, ATTACK, SPRINT, AIM_BATTLE),
                  "Battle2: a harder maze map with monsters, health and ammo (full variant)",
                  measurements=True, shaping="battle", score_var="USER2",
-                 settings=dict(living_reward=0.0, death_penalty=0.0, episode_timeout=2100, doom_skill=2, **_RENDER_FULL),
+                 settings=dict(living_reward=0.0, death_penalty=0.0, episode_timeout=2100, doom_skill=2,
+                               **_RENDER_FULL),
                  files=("battle2.wad",)),
     DoomScenario("doom_duel_bots", "ssl2.cfg", "sf", (MOVE, STRAFE, ATTACK, SPRINT, USE, WEAPON, AIM_FULL),
                  "Duel against one in-game bot (ssl2 map; full variant, Table A.4 heads)",
@@ -182,7 +191,8 @@ SCENARIOS = [
                                              "TURN_LEFT", "ATTACK", "SPEED")),),
                  "Throughput benchmark of the paper: Battle, pixels only, one Discrete(9) head, no shaping",
                  single_head=True,
-                 settings=dict(living_reward=0.0, death_penalty=0.0, episode_timeout=2100, doom_skill=2, **_RENDER_FULL),
+                 settings=dict(living_reward=0.0, death_penalty=0.0, episode_timeout=2100, doom_skill=2,
+                               **_RENDER_FULL),
                  files=("battle.wad",)),
 ]
 

@@ -19,7 +19,6 @@ import warnings
 from typing import Optional
 
 import gymnasium as gym
-import numpy as np
 
 from sf_envs.errors import EnvUnavailableError
 from sf_envs.gym_env import adapt_env

@@ -55,7 +55,8 @@ def test_reader_never_sees_a_torn_copy_when_copies_land_late(monkeypatch):
             version = weights.load_into(reader, have)
             if version > have:
                 values = {float(x) for p in reader.parameters() for x in p.detach().flatten()[:1]}
-                values |= {float(p.detach().min()) for p in reader.parameters()} | {float(p.detach().max()) for p in reader.parameters()}
+                values |= ({float(p.detach().min()) for p in reader.parameters()}
+                           | {float(p.detach().max()) for p in reader.parameters()})
                 assert values == {float(version)}, f"torn read: version {version} holds {sorted(values)}"
                 have, reads = version, reads + 1
     finally:

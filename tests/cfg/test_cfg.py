@@ -75,7 +75,7 @@ def test_bad_configuration_one_line_exit_2(entry, tmp_path, args, needle):
         args = args + ["--train_dir", str(tmp_path)]
     res = entry("train.py", *args)
     assert res.returncode == 2, res.stderr
-    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, res.stderr
     assert "Traceback" not in res.stderr and needle in lines[0], lines[0]
     assert not (tmp_path / "doom_basic").exists()  # nothing written for a rejected configuration
@@ -216,7 +216,8 @@ def test_bad_values_rejected(tmp_path, flag, value, needle):
     (["--encoder_mlp_layers", "64", "x"], "--encoder_mlp_layers: expected an integer, got 'x'"),
     (["--num_workers", "200", "--num_envs_per_worker", "512", "--worker_num_splits", "2"], "at most 65536 envs"),
     (["--batch_size", str(2**24), "--num_batches_per_epoch", "2", "--rollout", "16"], "samples per training batch"),
-    (["--num_workers", "2", "--num_envs_per_worker", "4", "--num_traj_buffers", "5"], "--num_traj_buffers (5) must be 0 or at least"),
+    (["--num_workers", "2", "--num_envs_per_worker", "4", "--num_traj_buffers", "5"],
+     "--num_traj_buffers (5) must be 0 or at least"),
 ])
 def test_bad_combinations_rejected(tmp_path, args, needle):
     assert needle in _rejected(tmp_path, *args)
@@ -280,7 +281,8 @@ def test_bad_experiment_names_rejected(tmp_path, name, mode):
 def test_valid_experiment_names_accepted(tmp_path, name):
     validate_experiment_name(name)
     assert _parse(tmp_path, "--experiment", name).experiment == name
-    assert parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path), "--experiment", name], mode="enjoy").experiment == name
+    assert parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path), "--experiment", name],
+                     mode="enjoy").experiment == name
 
 
 def test_default_experiment_name_is_a_valid_name(tmp_path):
@@ -481,7 +483,7 @@ def test_entry_points_reject_bad_values_one_line_exit_2(entry, tmp_path, args, n
     for script in ("train.py", "enjoy.py"):
         res = entry(script, "--env", "test_corridor", "--train_dir", str(tmp_path / "t"), *args)
         assert res.returncode == 2, res.stderr
-        lines = [l for l in res.stderr.splitlines() if l.strip()]
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr, res.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -493,7 +495,8 @@ def test_entry_point_forged_saved_config_one_line_exit_2(entry, tmp_path):
     for script in ("train.py", "enjoy.py"):
         res = entry(script, "--env", "test_corridor", "--train_dir", str(tmp_path), "--experiment", "x")
         assert res.returncode == 2, res.stderr
-        assert res.stderr.strip() == f"{script}: error: {tmp_path / 'x' / 'config.json'}: key 'rollout': expected an integer, got 'abc'"
+        assert res.stderr.strip() == (f"{script}: error: {tmp_path / 'x' / 'config.json'}: "
+                                      "key 'rollout': expected an integer, got 'abc'")
 
 
 def test_default_num_workers_is_the_cores_this_process_may_use():

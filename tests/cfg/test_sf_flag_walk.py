@@ -21,7 +21,8 @@ CODE = {str(p.relative_to(ROOT)): p.read_text() for d in ("sf", "sf_envs") for p
         if str(p.relative_to(ROOT)) not in TABLES}
 # the flags the training system once accepted and ignored although they change what is trained
 ONCE_SILENT = ["value_bootstrap", "obs_scale", "obs_subtract_mean", "normalize_input_keys", "policy_init_gain",
-               "initial_stddev", "shuffle_minibatches", "lr_schedule_kl_threshold", "lr_adaptive_min", "lr_adaptive_max"]
+               "initial_stddev", "shuffle_minibatches", "lr_schedule_kl_threshold", "lr_adaptive_min",
+               "lr_adaptive_max"]
 
 
 def used_by_the_code(name: str) -> list[str]:

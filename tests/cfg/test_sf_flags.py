@@ -28,7 +28,8 @@ SF2_VIZDOOM = [
     "--env_frameskip=4 --use_rnn=True --num_workers=72 --num_envs_per_worker=8 --num_policies=1 --batch_size=2048 "
     "--wide_aspect_ratio=False --max_grad_norm=0.0 --experiment=doom_battle_2",
     "python -m sf_examples.vizdoom.train_vizdoom --env=doom_benchmark --algo=APPO --env_frameskip=4 --use_rnn=True "
-    "--num_workers=20 --num_envs_per_worker=32 --num_policies=1 --batch_size=4096 --experiment=doom_battle_appo_fps_20_32 "
+    "--num_workers=20 --num_envs_per_worker=32 --num_policies=1 --batch_size=4096 "
+    "--experiment=doom_battle_appo_fps_20_32 "
     "--res_w=128 --res_h=72 --wide_aspect_ratio=False --policy_workers_per_policy=2 --worker_num_splits=2",
     "python -m sf_examples.vizdoom.train_vizdoom --env=doom_benchmark --algo=APPO --env_frameskip=4 --use_rnn=True "
     "--num_workers=72 --num_envs_per_worker=24 --num_policies=1 --batch_size=8192 --wide_aspect_ratio=False "
@@ -110,7 +111,8 @@ SF2_HF = [
 SF1_README = [
     "python -m algorithms.appo.train_appo --env=doom_battle --train_for_env_steps=4000000000 --algo=APPO "
     "--env_frameskip=4 --use_rnn=True --ppo_epochs=1 --rollout=32 --recurrence=32 --batch_size=2048 "
-    "--wide_aspect_ratio=False --num_workers=20 --num_envs_per_worker=20 --num_policies=1  --experiment=doom_battle_w20_v20",
+    "--wide_aspect_ratio=False --num_workers=20 --num_envs_per_worker=20 --num_policies=1  "
+    "--experiment=doom_battle_w20_v20",
     "python -m algorithms.appo.enjoy_appo --env=doom_battle --algo=APPO --experiment=doom_battle_w20_v20",
     "python -m algorithms.appo.train_appo --train_for_env_steps=500000000 --algo=APPO --env=doom_my_way_home "
     "--env_frameskip=4 --use_rnn=True --num_workers=36 --num_envs_per_worker=8 --num_policies=1 --ppo_epochs=1 "
@@ -245,13 +247,15 @@ def test_aliases_land_on_our_parameter(tmp_path, args, param, value, monkeypatch
     assert getattr(cfg, param) == value
     saved = json.loads(save_cfg(cfg, tmp_path / "e").read_text())
     assert saved[param] == value
-    assert not {a.split("=")[0][2:] for a in args if a.startswith("--")} - set(PARAMS) & set(saved)  # aliases not stored
+    # aliases not stored
+    assert not {a.split("=")[0][2:] for a in args if a.startswith("--")} - set(PARAMS) & set(saved)
 
 
 def test_device_gpu_without_cuda_is_one_line(tmp_path, monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"^--device cuda: no CUDA device is available here; use --device auto or cpu$"):
+    with pytest.raises(ConfigError,
+                       match=r"^--device cuda: no CUDA device is available here; use --device auto or cpu$"):
         _parse(tmp_path, "--device=gpu")
 
 
@@ -290,7 +294,7 @@ def test_alias_mistakes_are_one_line(tmp_path, args, needle):
 def test_refused_flags_one_line_exit_2(entry, tmp_path, script, args, needle):
     res = entry(script, "--env", "test_corridor", "--train_dir", str(tmp_path), *args)
     assert res.returncode == 2, res.stderr
-    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr, res.stderr
     assert not list(tmp_path.iterdir())  # nothing written
 
@@ -330,7 +334,8 @@ def test_ignored_flags_are_noted_not_stored(tmp_path):
     assert any(n.startswith("--actor_worker_gpus 0 1: ignored; ") for n in notes), notes
     assert all("\n" not in n for n in notes)
     saved = json.loads(save_cfg(cfg, tmp_path / "e").read_text())
-    assert not {"benchmark", "summaries_use_frameskip", "decorrelate_experience_max_seconds", "actor_worker_gpus"} & set(saved)
+    assert not {"benchmark", "summaries_use_frameskip", "decorrelate_experience_max_seconds",
+                "actor_worker_gpus"} & set(saved)
     with pytest.raises(ConfigError, match=r"^--num_minibatches_to_accumulate: expected an integer, got 'x'$"):
         _parse(tmp_path, "--num_minibatches_to_accumulate=x")  # the type is still checked
 

@@ -21,7 +21,8 @@ def check_contract(env, steps=30):
     assert isinstance(env.observation_space, gym.spaces.Dict) and "obs" in env.observation_space.spaces
     assert set(env.observation_space.spaces) <= {"obs", "measurements", "action_mask"}
     o_space = env.observation_space["obs"]
-    assert (o_space.dtype == np.uint8 and len(o_space.shape) == 3) or (o_space.dtype == np.float32 and len(o_space.shape) == 1)
+    assert ((o_space.dtype == np.uint8 and len(o_space.shape) == 3)
+            or (o_space.dtype == np.float32 and len(o_space.shape) == 1))
     if "measurements" in env.observation_space.spaces:
         assert env.observation_space["measurements"].dtype == np.float32
     assert isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box))

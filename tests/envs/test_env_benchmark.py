@@ -10,7 +10,7 @@ def test_env_throughput_smoke(entry):
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert "machine:" in out and "command:" in out and "env frames/s" in out
-    rows = [l for l in out.splitlines() if l.startswith("test_corridor")]
+    rows = [line for line in out.splitlines() if line.startswith("test_corridor")]
     assert len(rows) == 2  # 1 process, then 2
     assert all(float(r.split("|")[4].replace(",", "")) > 100 for r in rows)
 

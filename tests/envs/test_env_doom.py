@@ -194,8 +194,8 @@ def test_engine_restarts_between_episodes_and_stays_seeded():
     env.close()
     assert len(pids) - 1 == env._engine_restarts >= 3
     assert all(0 < n <= 300 for n in lengths)  # doom_basic's 300-frame episodes, none cut by a restart
-    trace = lambda: observation_trace(make_env(cfg_for("doom_basic", seed=5, doom_restart_engine_steps=40)),  # noqa: E731
-                                      steps, stop_at_episode_end=False)
+    trace = lambda: observation_trace(  # noqa: E731
+        make_env(cfg_for("doom_basic", seed=5, doom_restart_engine_steps=40)), steps, stop_at_episode_end=False)
     assert np.array_equal(trace(), trace())
 
 
@@ -255,7 +255,8 @@ def test_stale_engine_files_only_those_nothing_uses(tmp_path):
             f.unlink(missing_ok=True)
 
 
-@pytest.mark.serial  # removes every unused engine file, young ones too: a Doom game being made beside it would lose its own
+# removes every unused engine file, young ones too: a Doom game being made beside it would lose its own
+@pytest.mark.serial
 def test_engine_files_of_a_run_killed_at_once_are_removed_by_the_next(tmp_path):
     """Every process of a Doom env's host SIGKILLed at once (its engine too): nobody closes the game, its three files
     stay in /dev/shm; the next remove_stale_engine_files removes them (a live game's files stay)."""
@@ -347,7 +348,7 @@ def test_train_py_reports_missing_data_in_one_line(tmp_path):
     env = dict(os.environ, SF_DOOM_SCENARIOS=str(tmp_path / "nothing_here"))
     res = subprocess.run([sys.executable, str(ROOT / "train.py"), "--env", "doom_battle", "--train_dir", str(tmp_path),
                           "--device", "cpu"], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert len(lines) == 1 and "fetch_scenarios" in lines[0], res.stderr
 

@@ -251,9 +251,9 @@ def test_real_fetch_from_pypi(tmp_path):
     if res.returncode != 0 and "pip download" in res.stderr:
         pytest.skip(f"PyPI not reachable from here: {res.stderr.strip()}")
     assert res.returncode == 0, res.stderr
-    needed = {"battle.wad", "battle_continuous_turning.cfg", "battle2.wad", "battle2_continuous_turning.cfg", "ssl2.wad",
-              "ssl2.cfg", "dwango5.wad", "dwango5_dm_continuous_weap.cfg", "two_colors_easy.wad", "two_colors_hard.cfg",
-              fs.LICENSE_NAME}
+    needed = {"battle.wad", "battle_continuous_turning.cfg", "battle2.wad", "battle2_continuous_turning.cfg",
+              "ssl2.wad", "ssl2.cfg", "dwango5.wad", "dwango5_dm_continuous_weap.cfg", "two_colors_easy.wad",
+              "two_colors_hard.cfg", fs.LICENSE_NAME}
     names = {p.name for p in dest.iterdir()}
     assert needed <= names
     assert all(n.endswith((".wad", ".cfg")) for n in names - {fs.LICENSE_NAME, fs.MANIFEST_NAME})

@@ -134,8 +134,8 @@ def test_episode_report_at_the_time_limit():
 # published means at 1M steps (docs/benchmarks.md, Learning); the rest is Sample Factory's preset (value_loss_coeff
 # 0.25: CleanRL's 0.5 x 0.5 MSE, our value loss being Sample Factory's, without the 1/2)
 OURS = dict(num_envs_per_worker=16, batch_size=128, num_epochs=10, learning_rate=0.0003, kl_loss_coeff=0.0,
-            value_loss_coeff=0.25, max_grad_norm=0.5, policy_initialization="orthogonal", actor_critic_share_weights=False,
-            shuffle_minibatches=True)
+            value_loss_coeff=0.25, max_grad_norm=0.5, policy_initialization="orthogonal",
+            actor_critic_share_weights=False, shuffle_minibatches=True)
 # the flags that give Sample Factory's preset back (the preset's _comment names them)
 SF_FLAGS = ["--num_envs_per_worker", "8", "--batch_size", "1024", "--num_epochs", "2", "--learning_rate", "0.00295",
             "--kl_loss_coeff", "0.1", "--value_loss_coeff", "1.3", "--max_grad_norm", "3.5",

@@ -175,7 +175,8 @@ def test_env_params_table():
     for p in ENV_PARAMS:
         assert set(p) >= {"name", "type", "default", "help", "choices"} and p["help"]
         assert p["type"] in (int, float, str, bool)
-        assert p["default"] is None or isinstance(p["default"], p["type"]) or (p["type"] is float and isinstance(p["default"], int))
+        assert (p["default"] is None or isinstance(p["default"], p["type"])
+                or (p["type"] is float and isinstance(p["default"], int)))
     for n in ("doom_scenarios_dir", "doom_bots_difficulty", "env_frameskip", "dmlab_level_cache_dir", "doom_rew_frag",
               "atari_framestack"):
         assert n in names

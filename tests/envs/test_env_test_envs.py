@@ -110,7 +110,8 @@ def test_race_multiagent_contract_and_optimal_return():
             assert term[i] == done and not trunc[i]
             if done:  # auto-reset: the next episode's first observation (cell 0 for both, they finish together)
                 assert infos[i]["episode"] == {"reward": pytest.approx(TEST_ENVS["test_race"].OPTIMAL_RETURN),
-                                               "length": 9, "win": float(t == 8)}  # faster than the other agent's last (none: 50), then a tie
+                                               # faster than the other agent's last (none: 50), then a tie
+                                               "length": 9, "win": float(t == 8)}
                 assert obs[i]["obs"][0] == 1 and obs[i]["obs"][10] == 1
     assert env.render().ndim == 3
 

@@ -104,4 +104,5 @@ def test_a_process_bound_to_the_second_gpu_makes_no_context_on_the_first():
         if child.is_alive():
             child.kill()
     assert device == 1 and out == [(1, 1024.0)] and version == 1 and child.exitcode == 0
-    assert used_alive - used_after < 100 * 2**20, f"GPU 0: {(used_alive - used_after) / 2**20:.0f} MiB held by the child"
+    assert used_alive - used_after < 100 * 2**20, \
+        f"GPU 0: {(used_alive - used_after) / 2**20:.0f} MiB held by the child"

@@ -3,7 +3,6 @@ names, bad input in one line, the summary's statistics against a hand computatio
 runs: the cores divided, every run finished, the summary against the event files, and a sweep stopped with SIGINT
 and launched again (finished runs skipped, the others resumed from their checkpoints)."""
 import json
-import math
 import os
 import re
 import signal
@@ -339,7 +338,8 @@ def test_last_line_of_a_failed_run_names_the_exception(tmp_path):
     script = tmp_path / "boom.py"
     script.write_text("def f(x):\n    raise ValueError(f'bad value {x}: (ours)')\n\nf(3)\n")
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
-    chained = subprocess.run([sys.executable, "-c", "try:\n    {}['k']\nexcept KeyError:\n    raise RuntimeError('second')"],
+    chained = subprocess.run([sys.executable, "-c",
+                              "try:\n    {}['k']\nexcept KeyError:\n    raise RuntimeError('second')"],
                              capture_output=True, text=True)
     for log, expected in [
             ("started\n" + res.stderr + "\n", "ValueError: bad value 3: (ours)"),

@@ -38,7 +38,8 @@ def _batch(case: str, cfg, model) -> tuple[dict, int]:
     if case == "stale":  # the first epoch's minibatches: one fully stale one, one fresh (no shuffle)
         exp["policy_versions"][:4] = -5
     if case in ("own", "own_none"):  # a population: steps another policy acted, a trajectory with none of this
-        own = torch.ones((N, T), dtype=torch.bool)  # policy's; own_none: a whole minibatch with none (trajectories 4, 5)
+        # policy's; own_none: a whole minibatch with none (trajectories 4, 5)
+        own = torch.ones((N, T), dtype=torch.bool)
         own[1, 3:] = False
         own[5, :] = False
         if case == "own_none":

@@ -28,8 +28,8 @@ def fixed_target_loss(model, cfg, exp, version):
     from sf.learning.losses import appo_loss
     from sf.learning.vtrace import vtrace
     n, t = exp["rewards"].shape
-    logits, values = model.forward_sequence(exp["obs"], exp["rnn_states"], torch.nn.functional.pad(exp["dones"], (0, 1)),
-                                            cfg.recurrence)
+    logits, values = model.forward_sequence(exp["obs"], exp["rnn_states"],
+                                            torch.nn.functional.pad(exp["dones"], (0, 1)), cfg.recurrence)
     logits, values = logits.transpose(0, 1)[:t], values.transpose(0, 1)
     dist = model.action_distribution(logits)
     lp = dist.log_prob(exp["actions"].transpose(0, 1))
@@ -41,7 +41,8 @@ def fixed_target_loss(model, cfg, exp, version):
     return float(appo_loss(lp, beh, frozen.advantages, values[:t], exp["values"].t(), frozen.vs, dist.entropy(),
                            None,
                            clip_ratio=cfg.ppo_clip_ratio, clip_value=cfg.ppo_clip_value,
-                           value_loss_coeff=cfg.value_loss_coeff, exploration_loss_coeff=cfg.exploration_loss_coeff)["loss"])
+                           value_loss_coeff=cfg.value_loss_coeff,
+                           exploration_loss_coeff=cfg.exploration_loss_coeff)["loss"])
 
 
 @pytest.mark.parametrize("obs_space,action_space,use_rnn", [

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from sf.learning import checkpoint_store as ckpt
-from sf.learning.checkpoint import (CheckpointError, check_compatible, load_into, make_checkpoint_state, model_signature,
-                                    restore_rng_states)
+from sf.learning.checkpoint import (CheckpointError, check_compatible, load_into, make_checkpoint_state,
+                                    model_signature, restore_rng_states)
 from sf.learning.checkpoint_store import CheckpointManager
 
 

@@ -25,7 +25,8 @@ def test_the_minibatch_order_is_drawn_on_the_host_for_every_device():
 
 
 def test_the_permutation_is_the_one_torch_draws_from_the_generator():
-    """The order itself is unchanged on the CPU (the digests of earlier runs hold): torch.randperm from the generator."""
+    """The order itself is unchanged on the CPU (the digests of earlier runs hold): torch.randperm from the
+    generator."""
     cfg, model, _ = setup(n=8, t=4)
     appo = APPO(model, cfg, "cpu")
     reference = torch.Generator().manual_seed(123)
@@ -49,13 +50,13 @@ def test_a_cuda_generators_state_seeds_the_host_generator_deterministically():
     assert b.load_minibatch_rng(saved) is True and torch.equal(b.generator.get_state(), saved)
 
 
-def _batch(pop, model, version: int = 0) -> dict:
+def _batch(pop, model, version: int = 0) -> dict:  # noqa: F811  (pop: the fixture's value)
     """4 trajectories of the corridor acted by `model` (storage layout)."""
     return random_experience(model, pop.obs_space, pop.action_space, 4, ROLLOUT, policy_version=version)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["adam", "fused_adam"])
-def test_a_checkpoint_of_a_cuda_run_resumes_on_the_host(pop, caplog, fused):
+def test_a_checkpoint_of_a_cuda_run_resumes_on_the_host(pop, caplog, fused):  # noqa: F811
     """A checkpoint as a CUDA run writes it (a CUDA generator's state; with sync-free steps, fused Adam's float32 step
     counts and param groups saying fused) resumes on this CPU learner: it loads, says so in one line, and trains."""
     first = pop(policies=1)

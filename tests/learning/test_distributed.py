@@ -31,7 +31,8 @@ ACTIONS = spaces.Discrete(3)
 
 
 def world(rank: int, port: int) -> World:
-    return World(rank=rank, world_size=2, local_rank=rank, local_world_size=2, master_addr="127.0.0.1", master_port=port)
+    return World(rank=rank, world_size=2, local_rank=rank, local_world_size=2, master_addr="127.0.0.1",
+                 master_port=port)
 
 
 def setup(n_traj: int, **overrides):
@@ -63,7 +64,8 @@ def run_ranks(target, tmp_path, args=(), timeout: float = 60.0) -> list:
     ctx = mp.get_context("spawn")
     port = free_port()
     ready = ctx.Barrier(2)
-    procs = [ctx.Process(target=_rank_main, args=(target, rank, port, str(tmp_path), ready, *args)) for rank in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(target, rank, port, str(tmp_path), ready, *args))
+             for rank in range(2)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -226,7 +228,8 @@ def test_parameters_without_gradient_stay_none_only_if_none_on_every_rank(tmp_pa
 
 def _partial_grads_rank(rank, port, out_dir):
     init_learner_group(world(rank, port), "cpu", timeout_sec=60)
-    params = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    params = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3)),
+              torch.nn.Parameter(torch.zeros(2))]
     hook = GradientAllReduce(params)
     if rank == 0:
         params[1].grad = torch.full((3,), 2.0)
@@ -550,7 +553,8 @@ def test_what_torchrun_runs_cannot_place_is_one_line(tmp_path, monkeypatch, flag
 def test_a_new_population_run_past_rank_0_refuses_its_machines_old_checkpoints(tmp_path):
     """Rank 1 of 2, policies 1 and 3: rank 0 moves or deletes only its own machine's experiment directory, so a new run
     (--restart_behavior restart or overwrite) that finds an earlier run's checkpoint of policy 3 on this machine is
-    refused in one line naming it; resumed, it is this rank's to resume from; rank 0 and data-parallel ranks: no check."""
+    refused in one line naming it; resumed, it is this rank's to resume from; rank 0 and data-parallel ranks: no
+    check."""
     from sf.cfg import ConfigError, parse_cfg
     from sf.distributed import World
     from sf.runner.preflight import check_rank_directory
@@ -559,11 +563,12 @@ def test_a_new_population_run_past_rank_0_refuses_its_machines_old_checkpoints(t
     (exp / "checkpoint_p3" / "checkpoint_000000004_512.pth").write_bytes(b"x")
     (exp / "checkpoint_p0").mkdir()
     (exp / "checkpoint_p0" / "checkpoint_000000004_512.pth").write_bytes(b"x")  # (rank 0's policy: not this rank's)
-    cfg = lambda *flags: parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path), "--experiment", "pop",  # noqa: E731
-                                    "--num_policies", "4", *flags])
+    cfg = lambda *flags: parse_cfg(["--env", "test_corridor", "--train_dir", str(tmp_path),  # noqa: E731
+                                    "--experiment", "pop", "--num_policies", "4", *flags])
     with pytest.raises(ConfigError, match=re.escape(f"--restart_behavior restart: {exp} on rank 1's machine holds "
                                                     "checkpoints of policies 3 from an earlier run")):
         check_rank_directory(cfg("--restart_behavior", "restart"), World(rank=1, world_size=2), exp)
     check_rank_directory(cfg("--restart_behavior", "resume"), World(rank=1, world_size=2), exp)
     check_rank_directory(cfg("--restart_behavior", "overwrite"), World(rank=0, world_size=2), exp)
-    check_rank_directory(cfg("--restart_behavior", "overwrite", "--num_policies", "1"), World(rank=1, world_size=2), exp)
+    check_rank_directory(cfg("--restart_behavior", "overwrite", "--num_policies", "1"),
+                         World(rank=1, world_size=2), exp)

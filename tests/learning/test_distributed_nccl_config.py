@@ -146,7 +146,8 @@ def test_a_failed_nccl_wait_is_a_one_line_error_naming_the_timeout_flag(fake_ncc
 def test_a_nccl_wait_is_given_up_once_the_rank_was_asked_to_stop(fake_nccl_group, monkeypatch):
     """torchrun stops a machine's other ranks soon after one exits, long before the group's timeout: a collective whose
     dead peer never completes it is aborted STOP_ABORT_SEC after this rank was asked to stop (torch's wait with a
-    timeout already past aborts the communicator and raises), so that the learner writes its final checkpoint in time."""
+    timeout already past aborts the communicator and raises), so that the learner writes its final checkpoint in
+    time."""
     log, failure, polls = fake_nccl_group
     monkeypatch.setattr(distributed, "STOP_ABORT_SEC", 0.05)
     stop = [False]

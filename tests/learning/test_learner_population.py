@@ -243,7 +243,8 @@ def test_hyperparameters_in_force_are_the_recorded_ones(pop, tmp_path):
     for learner in pop.learners.values():
         learner.apply_population_updates()
     assert pop.reports() == [("pbt_copied", 2, 0, pop.weights[0].version, 1)]
-    assert_bitwise_equal(published(pop.weights[2], pop.learners[2].model), published(pop.weights[0], pop.learners[0].model))
+    assert_bitwise_equal(published(pop.weights[2], pop.learners[2].model),
+                         published(pop.weights[0], pop.learners[0].model))
     stats.write_summaries()
     stats.close()
     scalars = read_event_scalars(pop.exp_dir)

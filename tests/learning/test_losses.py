@@ -172,7 +172,8 @@ def test_each_term_masked_mean():
     pl, _ = policy_loss(lp, beh, adv, 0.1, valid)
     pl_ref, _ = policy_loss(lp[valid], beh[valid], adv[valid], 0.1)
     torch.testing.assert_close(pl, pl_ref)
-    torch.testing.assert_close(value_loss(v, old_v, ret, 1.0, valid), value_loss(v[valid], old_v[valid], ret[valid], 1.0))
+    torch.testing.assert_close(value_loss(v, old_v, ret, 1.0, valid),
+                               value_loss(v[valid], old_v[valid], ret[valid], 1.0))
     torch.testing.assert_close(entropy_loss(ent, valid), -ent[valid].mean())
 
 

@@ -149,7 +149,8 @@ def test_final_values_come_from_the_final_observations(use_rnn):
     values = torch.randn(8, 6)  # [T, n] stand-in for V(x_t)
     out = appo._final_values(exp, values)
     with torch.no_grad():
-        direct = model.forward_step({k: v[[0, 3]] for k, v in exp["final_obs"].items()}, exp["final_rnn"][[0, 3]]).values
+        direct = model.forward_step({k: v[[0, 3]] for k, v in exp["final_obs"].items()},
+                                    exp["final_rnn"][[0, 3]]).values
     assert torch.equal(out[2, 0], direct[0]) and torch.equal(out[6, 3], direct[1])
     mask = torch.ones_like(values, dtype=torch.bool)
     mask[2, 0] = mask[6, 3] = False

@@ -245,7 +245,8 @@ def test_uniform_valid_actions_is_the_uniform_policy_over_valid_actions(space):
         a = actions[:, k]
         assert m[np.arange(n), a].all()  # never a masked action
         expected_log_p -= np.log(valid_count)
-        assert np.all(logits[:, start:start + size][m] == 0) and np.all(logits[:, start:start + size][~m] == MASKED_LOGIT)
+        assert (np.all(logits[:, start:start + size][m] == 0)
+                and np.all(logits[:, start:start + size][~m] == MASKED_LOGIT))
         for count in range(1, size + 1):  # rows with `count` valid actions: the rank of the chosen one is uniform
             rows = np.nonzero(valid_count == count)[0]
             if len(rows) < 3000:

@@ -1,9 +1,9 @@
-"""Sample Factory's model options: --rnn_num_layers, --actor_critic_share_weights, --adaptive_stddev / --initial_stddev /
---continuous_tanh_scale, --policy_initialization / --policy_init_gain (Sample Factory 2.1.1's sample_factory/model:
-core.py ModelCoreRNN, actor_critic.py ActorCriticSeparateWeights and initialize_weights, action_parameterization.py
-ActionParameterizationContinuousNonAdaptiveStddev). Sizes against hand arithmetic, sequences against naive loops,
-initializations against their definitions, the flags, the checkpoint's model options, and one real run that trains,
-resumes and plays."""
+"""Sample Factory's model options: --rnn_num_layers, --actor_critic_share_weights, --adaptive_stddev /
+--initial_stddev / --continuous_tanh_scale, --policy_initialization / --policy_init_gain (Sample Factory 2.1.1's
+sample_factory/model: core.py ModelCoreRNN, actor_critic.py ActorCriticSeparateWeights and initialize_weights,
+action_parameterization.py ActionParameterizationContinuousNonAdaptiveStddev). Sizes against hand arithmetic, sequences
+against naive loops, initializations against their definitions, the flags, the checkpoint's model options, and one real
+run that trains, resumes and plays."""
 import math
 import subprocess
 from pathlib import Path
@@ -428,7 +428,8 @@ def test_model_options_in_checkpoints():
     with pytest.raises(CheckpointError, match="has model options"):
         check_compatible(meta, checkpoint_meta(squashed, VECTOR_OBS, box,
                                                create_actor_critic(squashed, VECTOR_OBS, box)), "ckpt.pth")
-    current = checkpoint_meta(make_cfg(**SMALL), VECTOR_OBS, box, create_actor_critic(make_cfg(**SMALL), VECTOR_OBS, box))
+    current = checkpoint_meta(make_cfg(**SMALL), VECTOR_OBS, box,
+                              create_actor_critic(make_cfg(**SMALL), VECTOR_OBS, box))
     check_compatible(dict(current, model_options={"nonlinearity": "elu"}), current, "old.pth")  # an older checkpoint
 
 

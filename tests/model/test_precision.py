@@ -211,7 +211,8 @@ def test_nhwc_first_conv_within_summation_rounding(obs_dtype):
         nhwc_input = enc._conv_input(frames)
         assert nhwc_input.is_contiguous(memory_format=torch.channels_last)
         nhwc = torch.nn.functional.conv2d(nhwc_input, weight, bias, stride=conv.stride, padding=conv.padding).float()
-        nchw = torch.nn.functional.conv2d(frames.float(), weight, bias, stride=conv.stride, padding=conv.padding).float()
+        nchw = torch.nn.functional.conv2d(frames.float(), weight, bias, stride=conv.stride,
+                                          padding=conv.padding).float()
     with torch.no_grad():  # sum |w x| (+ |b|), in float64 from the bfloat16 values both kernels multiplied
         x64 = frames.to(torch.bfloat16).double().abs()
         w64 = weight.detach().to(torch.bfloat16).double().abs()

@@ -95,7 +95,8 @@ def test_two_ranks_train_doom_basic_to_identical_weights(tmp_path):
                                                                          "24000")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
-    assert re.search(r"was trained by 2 data-parallel rank\(s\), this run has 1: resume with the same number", res.stderr)
+    assert re.search(r"was trained by 2 data-parallel rank\(s\), this run has 1: "
+                     r"resume with the same number", res.stderr)
     assert "Traceback" not in res.stderr
 
 

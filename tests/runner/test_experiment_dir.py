@@ -144,7 +144,8 @@ from sf.runner.supervision import worker_context
 
 if __name__ == "__main__":
     lock = ExperimentLock.acquire(sys.argv[1], "exp")
-    child = worker_context([]).Process(target=run_holding, args=(lock, time.sleep, 600))  # as the runner starts a learner
+    # as the runner starts a learner
+    child = worker_context([]).Process(target=run_holding, args=(lock, time.sleep, 600))
     child.start()
     print(child.pid, flush=True)
     os.kill(os.getpid(), 9)  # the runner dies; its child (no parent-death signal here) lives on, holding the lock
@@ -170,6 +171,7 @@ def test_a_learner_holds_the_lock_after_its_runner_died(tmp_path):
     finally:
         os.kill(child, signal.SIGKILL)
     deadline = time.time() + 10
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+    while (psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE
+           and time.time() < deadline):
         time.sleep(0.05)
     ExperimentLock.acquire(tmp_path, "exp", wait_for_dead=0).release()

@@ -185,8 +185,8 @@ def test_the_most_envs_per_worker_start_train_and_stop(tmp_path):
     """--num_envs_per_worker at its limit (one rollout worker): its envs are made and stepped, the policy trains, Ctrl-C
     ends the run cleanly."""
     log = tmp_path / "log.txt"
-    proc = _run(["--env", "test_race", "--num_workers", "1", "--num_envs_per_worker", str(LIMITS["num_envs_per_worker"])],
-                log)
+    proc = _run(["--env", "test_race", "--num_workers", "1", "--num_envs_per_worker",
+                 str(LIMITS["num_envs_per_worker"])], log)
     wait_for(lambda: _trained(log, 1) or proc.poll() is not None, 300, "the policy to train", log)
     _still_running(proc, log)
     _stop(proc, log)

@@ -115,7 +115,8 @@ def test_sigint_stops_a_population_with_every_final_checkpoint(tmp_path):
     log = tmp_path / "log.txt"
     proc = start_train(train_args(tmp_path, "test_race", *POP, "--num_policies", "3"), log)
     try:
-        wait_for(lambda: "policy 2: version" in log.read_text() and re.search(r"policy 2: version [1-9]", log.read_text()),
+        wait_for(lambda: ("policy 2: version" in log.read_text()
+                          and re.search(r"policy 2: version [1-9]", log.read_text())),
                  120, "policy 2 to train", log)
         pids = child_pids(log)
         assert {"learner_p0", "learner_p1", "learner_p2", "policy_worker_p2_0"} <= set(pids)
@@ -145,8 +146,8 @@ def test_enjoy_plays_a_match_between_chosen_policies(tmp_path, entry):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--num_policies", "2", "--sync_mode", "hts"], "--sync_mode hts trains one policy; a population (--num_policies 2) "
-                                                    "needs --sync_mode async"),
+    (["--num_policies", "2", "--sync_mode", "hts"],
+     "--sync_mode hts trains one policy; a population (--num_policies 2) needs --sync_mode async"),
     (["--num_policies", "65"], "--num_policies must be in [1, 64] (got 65)"),
     (["--num_policies", "2", "--pbt_perturb_min", "1.5", "--pbt_perturb_max", "1.2"],
      "--pbt_perturb_min (1.5) must be at most --pbt_perturb_max (1.2)"),
@@ -176,10 +177,10 @@ def test_doom_duel_self_play_smoke(tmp_path):
     from sf_envs.doom import ports
     skip_if_unavailable("doom_duel")
     log = tmp_path / "log.txt"
-    proc = start_train(["--env", "doom_duel", "--experiment", "duel", "--train_dir", str(tmp_path), "--num_workers", "1",
-                        "--num_envs_per_worker", "2", "--worker_num_splits", "2", "--num_policies", "2",
-                        "--rollout", "16", "--recurrence", "16", "--batch_size", "64", "--rnn_size", "32",
-                        "--hidden_size", "32", "--report_interval_sec", "2", "--device", "cpu",
+    proc = start_train(["--env", "doom_duel", "--experiment", "duel", "--train_dir", str(tmp_path),
+                        "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "2",
+                        "--num_policies", "2", "--rollout", "16", "--recurrence", "16", "--batch_size", "64",
+                        "--rnn_size", "32", "--hidden_size", "32", "--report_interval_sec", "2", "--device", "cpu",
                         # each match is policy 0 against policy 1: a random draw gives all 4 agents to one policy
                         # 1 time in 8, and a duel's episodes outlast the test
                         "--policy_mapping", "fixed"], log)
@@ -193,7 +194,8 @@ def test_doom_duel_self_play_smoke(tmp_path):
         assert len(used_ports) == 2  # one port per match, distinct
     finally:
         stop_with_ctrl_c(proc, log, policies=2)
-    wait_for(lambda: not any(e.is_running() and e.status() != psutil.STATUS_ZOMBIE for e in engines), 10, "engines to end")
+    wait_for(lambda: not any(e.is_running() and e.status() != psutil.STATUS_ZOMBIE for e in engines), 10,
+             "engines to end")
     assert not files & shm_files(vizdoom=True)
     for port in used_ports:
         assert ports.udp_port_free(port)

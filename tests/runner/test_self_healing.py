@@ -4,8 +4,8 @@ In-process: voided requests are dropped unanswered and asked again; a dead worke
 dead learner's to its queue; the census puts slots left inside a move (each window of the slot protocol) where their
 marks say, waits for live moves and stops new ones; lost frames are the steps in a dead worker's slots and a dead
 learner's copied-out batches; the slot audit finds a lost and a duplicated slot; weights a learner died writing.
-End-to-end (train.py in a subprocess): each process kind SIGKILLed once in one run, kills at pause points inside the slot
-protocol (sf/processes/pause_points.py), a hung policy worker (SIGSTOP) replaced by the watchdog, a crash loop
+End-to-end (train.py in a subprocess): each process kind SIGKILLed once in one run, kills at pause points inside the
+slot protocol (sf/processes/pause_points.py), a hung policy worker (SIGSTOP) replaced by the watchdog, a crash loop
 stopping the run, a Doom worker killed with its engines.
 """
 import os
@@ -338,7 +338,8 @@ def test_each_process_kind_killed_once_the_run_goes_on(tmp_path):
 
 def _start(tmp_path, log, *extra):
     """A long test_corridor run of 2 rollout workers, returned once it trained."""
-    p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "600", *extra), log)
+    p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "2", "--train_for_seconds", "600",
+                               *extra), log)
     try:
         wait_for(lambda: _progress(log)[1] > 0, 120, "training to start", log)
     except BaseException:
@@ -405,13 +406,15 @@ def test_kills_inside_slot_moves_reclaim_at_once_and_count_lost_frames_exactly(t
     pause_dir = tmp_path / "pauses"
     pause_dir.mkdir()
     monkeypatch.setenv("SF_TEST_PAUSE_DIR", str(pause_dir))
-    monkeypatch.setenv("SF_TEST_PAUSE_AT", "rollout_worker_queued,rollout_worker_trajectory_end,learner_two_batches_out")
+    monkeypatch.setenv("SF_TEST_PAUSE_AT",
+                       "rollout_worker_queued,rollout_worker_trajectory_end,learner_two_batches_out")
     log = tmp_path / "log.txt"
     p = start_train(train_args(tmp_path, "test_corridor", "--num_workers", "3", "--worker_num_splits", "1",
                                "--num_epochs", "8", "--train_for_seconds", "600"), log)
     reports = lambda: log.read_text().count("Total num frames:")  # noqa: E731
     try:
-        wait_for(lambda: _paused(pause_dir, "rollout_worker_queued") and _paused(pause_dir, "rollout_worker_trajectory_end"),
+        wait_for(lambda: (_paused(pause_dir, "rollout_worker_queued")
+                          and _paused(pause_dir, "rollout_worker_trajectory_end")),
                  120, "two rollout workers to stop at their pause points", log)
         seen = reports()
         wait_for(lambda: reports() > seen, 30, "a report line (the runner saw the first weights)", log)

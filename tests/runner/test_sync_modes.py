@@ -54,7 +54,8 @@ def test_hts_same_seed_same_weights_across_runs_and_layouts(entry, tmp_path):
     assert int(frames) == 4096  # the budget ends at the batch boundary that reaches it: 4 batches of 1024
     assert "Mode: hts" in out and "policy lag exactly 1 batch" in out
     # (separate runs of other layouts: the same weights also show that a run repeats itself)
-    for name, workers, envs, extra in (("w1x8", 1, 8, ()), ("w4x2", 4, 2, ()), ("serial", 2, 4, ("--serial_mode", "True"))):
+    for name, workers, envs, extra in (("w1x8", 1, 8, ()), ("w4x2", 4, 2, ()),
+                                       ("serial", 2, 4, ("--serial_mode", "True"))):
         assert run(entry, tmp_path, name, "hts", seed, workers, envs, *extra)[0] == (digest, version, frames), name
     assert final_checkpoint_digest(tmp_path / "a") == digest  # the checkpoint on disk holds exactly those weights
     assert run(entry, tmp_path, "other_seed", "hts", seed ^ 1, 2, 4)[0][0] != digest  # another seed: other weights

@@ -21,7 +21,8 @@ from sf.runner import tracking
 from sf.runner.runner import Runner
 from sf.runner.stats import format_duration, progress_bar, read_event_scalars
 
-DONE_LINE = re.compile(r"Done: (\d+) env frames in (?:\d+ h )?(?:\d+ min )?\d+ s \((\d+) frames/s\), policy version \d+")
+DONE_LINE = re.compile(r"Done: (\d+) env frames in (?:\d+ h )?(?:\d+ min )?\d+ s \((\d+) frames/s\), "
+                       r"policy version \d+")
 
 
 # --- the progress bar (tqdm) and the Done line ---
@@ -168,7 +169,8 @@ def test_log_failure_warns_once_and_finish_is_bounded(caplog):
             tracker.log({"perf/_fps": 1.0}, step)
         assert tracker.finish(timeout=10)
     warnings = [r.getMessage() for r in caplog.records]
-    assert warnings == ["W&B logging failed (ConnectionError: wandb-core is gone); training goes on with TensorBoard only"]
+    assert warnings == ["W&B logging failed (ConnectionError: wandb-core is gone); "
+                        "training goes on with TensorBoard only"]
     assert run.finished == 0  # finished all the same
 
     release = threading.Event()
@@ -224,8 +226,8 @@ def _offline_runs(exp: Path) -> list[Path]:
 @pytest.mark.e2e
 def test_wandb_offline_run_logs_what_tensorboard_gets_and_resumes_the_same_run(tmp_path, entry):
     pytest.importorskip("wandb")
-    env = {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"), "WANDB_CACHE_DIR": str(tmp_path / "cache"),
-           "WANDB_DATA_DIR": str(tmp_path / "data")}
+    env = {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
+           "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}
     args = train_args(tmp_path, "test_corridor", "--num_workers", "2")
     res = entry("train.py", *args, "--train_for_env_steps", "3000", "--with_wandb", "True", "--wandb_tags", "t1",
                 timeout=240, env=env)

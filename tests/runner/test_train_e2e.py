@@ -44,8 +44,9 @@ def test_trains_test_env_and_reports(tmp_path, entry, serial):
 @pytest.mark.doom
 def test_trains_doom_basic(tmp_path, entry):
     pytest.importorskip("vizdoom")
-    res = entry("train.py", "--env", "doom_basic", "--experiment", "e2e", "--train_dir", str(tmp_path), "--num_workers", "2",
-                "--num_envs_per_worker", "4", "--batch_size", "64", "--hidden_size", "64",  # preset: 4 epochs x 4 minibatches
+    res = entry("train.py", "--env", "doom_basic", "--experiment", "e2e", "--train_dir", str(tmp_path),
+                "--num_workers", "2", "--num_envs_per_worker", "4",
+                "--batch_size", "64", "--hidden_size", "64",  # preset: 4 epochs x 4 minibatches
                 "--train_for_env_steps", "4000", "--device", "cpu", "--experiment_summaries_interval", "1", timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     scalars = read_event_scalars(tmp_path / "e2e")
@@ -57,7 +58,8 @@ def test_trains_doom_basic(tmp_path, entry):
 def test_sampler_only_collects_without_training(tmp_path, entry, random_policy):
     """The benchmark mode of benchmarks/system_throughput.py: frames are collected and counted, no SGD step."""
     res = entry("train.py", *train_args(tmp_path, "test_corridor", "--num_workers", "2", "--sampler_only", "True",
-                                        "--random_policy", str(random_policy), "--train_for_env_steps", "4000"), timeout=240)
+                                        "--random_policy", str(random_policy), "--train_for_env_steps", "4000"),
+                timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     frames = [int(n) for n in re.findall(r"Total num frames: (\d+)", res.stdout)]
     assert frames and max(frames) >= 4000
@@ -107,8 +109,9 @@ def test_env_exception_reported_with_traceback(tmp_path):
 
 
 def test_failed_envs_are_replaced_and_training_continues(tmp_path, entry):
-    res = entry("train.py", *train_args(tmp_path, "gym:faulty_env:Faulty-v0", "--num_workers", "1", "--use_rnn", "False",
-                                        "--max_env_restarts", "1000", "--train_for_env_steps", "4000"),
+    res = entry("train.py", *train_args(tmp_path, "gym:faulty_env:Faulty-v0", "--num_workers", "1",
+                                        "--use_rnn", "False", "--max_env_restarts", "1000",
+                                        "--train_for_env_steps", "4000"),
                 env={"PYTHONPATH": f"{ROOT / 'tests' / 'runner'}:{ROOT}"}, timeout=180)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
@@ -153,7 +156,9 @@ def test_stopped_and_continued_run_is_not_a_stall(tmp_path):
         for proc in tree:  # the runner first, the workers a second later: their heartbeats are the stalest possible
             proc.resume()
             time.sleep(1.0 if proc is runner else 0.0)
-        frames = lambda: [int(x) for x in re.findall(r"Total num frames: (\d+)", log.read_text())]
+
+        def frames() -> list[int]:
+            return [int(x) for x in re.findall(r"Total num frames: (\d+)", log.read_text())]
         resumed_at = frames()[-1]
         wait_for(lambda: frames()[-1] > resumed_at, 30, "frames to be collected again after the pause", log)
         p.send_signal(signal.SIGINT)
@@ -167,7 +172,8 @@ def test_stopped_and_continued_run_is_not_a_stall(tmp_path):
 
 def test_sigkill_then_resume_continues_counters(tmp_path):
     log = tmp_path / "log.txt"
-    args = train_args(tmp_path, "test_corridor", "--num_workers", "2", "--save_every_sec", "1", "--train_for_seconds", "300")
+    args = train_args(tmp_path, "test_corridor", "--num_workers", "2", "--save_every_sec", "1",
+                      "--train_for_seconds", "300")
     p = start_train(args, log)
     ckpt_dir = tmp_path / "e2e" / "checkpoint_p0"
     try:
@@ -235,7 +241,8 @@ def test_sigkill_leaves_no_doom_engine(tmp_path, victim):
     finally:
         p.kill()
     assert rc != 0
-    wait_for(lambda: not any(_alive(pid) for pid in engines), 15, f"VizDoom engines to exit after SIGKILL of the {victim}")
+    wait_for(lambda: not any(_alive(pid) for pid in engines), 15,
+             f"VizDoom engines to exit after SIGKILL of the {victim}")
     wait_for(lambda: not files & shm_files(vizdoom=True), 5, "engine shared memory removed")
     assert not shm_left_behind(shm_before)
 
@@ -272,10 +279,11 @@ def test_hung_engine_is_reported_with_stack_and_the_worker_replaced(tmp_path):
     text = log.read_text()
     assert rc == 0, text[-3000:]
     report = text.split("rollout_worker_1 gave no sign of life for ")[1]
-    assert "(--stall_timeout_sec 4): it is stuck; killing and replacing it" in report and "most recent call first" in report
+    assert ("(--stall_timeout_sec 4): it is stuck; killing and replacing it" in report
+            and "most recent call first" in report)
     # (blocked in the env's step, or in the reset that follows an episode's end: doom_basic's episodes are short)
-    assert re.search(r"doom_env\.py\", line \d+ in (step|reset)\n(.*\n)*?.*rollout_worker\.py\", line \d+ in _step_group",
-                     report), report[:2000]
+    assert re.search(r"doom_env\.py\", line \d+ in (step|reset)\n(.*\n)*?"
+                     r".*rollout_worker\.py\", line \d+ in _step_group", report), report[:2000]
     assert "Saved final checkpoint" in text
     assert not any(_alive(pid) for pid in [worker.pid, *(e.pid for e in engines)])
     wait_for(lambda: not files & shm_files(vizdoom=True), 5, "engine shared memory removed")

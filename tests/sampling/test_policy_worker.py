@@ -20,8 +20,8 @@ WORKERS, ENVS, SPLITS = 3, 4, 2
 @pytest.fixture(params=[False, True], ids=["forward", "random"])
 def setup(request):
     cfg = parse_cfg(["--env", "test_corridor", "--num_workers", str(WORKERS), "--num_envs_per_worker", str(ENVS),
-                     "--worker_num_splits", str(SPLITS), "--rollout", "8", "--recurrence", "8", "--rnn_size", "16", "--hidden_size", "16",
-                     "--random_policy", str(request.param), "--device", "cpu"])
+                     "--worker_num_splits", str(SPLITS), "--rollout", "8", "--recurrence", "8", "--rnn_size", "16",
+                     "--hidden_size", "16", "--random_policy", str(request.param), "--device", "cpu"])
     env = make_env(cfg, 0)
     obs_space, action_space = env.observation_space, env.action_space
     env.close()

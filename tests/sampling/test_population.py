@@ -27,9 +27,9 @@ class Population:
     def __init__(self, tmp_path, env="test_corridor", policies=2, envs=4, rollout=8, *flags, shaping_keys=()):
         self.cfg = cfg = parse_cfg(["--env", env, "--num_workers", "1", "--num_envs_per_worker", str(envs),
                                     "--rollout", str(rollout), "--recurrence", str(rollout), "--use_rnn", "False",
-                                    "--hidden_size", "16", "--encoder_mlp_layers", "16", "--batch_size", str(rollout * 2),
-                                    "--device", "cpu", "--train_dir", str(tmp_path), "--seed", "3",
-                                    "--num_policies", str(policies), *flags])
+                                    "--hidden_size", "16", "--encoder_mlp_layers", "16",
+                                    "--batch_size", str(rollout * 2), "--device", "cpu", "--train_dir", str(tmp_path),
+                                    "--seed", "3", "--num_policies", str(policies), *flags])
         probe = make_env(cfg, 0)
         self.obs_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()
@@ -65,7 +65,8 @@ class Population:
         self.worker.run_once(timeout=0.01)
 
     def finished(self, p):
-        """Slots the worker sent to policy p's learner; they are copied out by the test and returned to the free list."""
+        """Slots the worker sent to policy p's learner; they are copied out by the test and returned to the free
+        list."""
         try:
             slots = [int(s) for s in self.queues.learner[p].get_many(timeout=0.0)]
         except Exception:
@@ -94,8 +95,8 @@ def check_slot(b, slot: int, owner: int) -> int:
 @pytest.mark.parametrize("mapping", ["random", "groups"])
 @pytest.mark.parametrize("env", ["test_corridor", "test_race"])
 def test_each_learner_receives_its_policys_trajectories(tmp_path, env, mapping):
-    """Policies drawn afresh at every episode (--policy_resample_episodes 1), per env or per group: every trajectory goes
-    to the learner of the policy that started it, its steps are marked with the policy that acted, and a change of
+    """Policies drawn afresh at every episode (--policy_resample_episodes 1), per env or per group: every trajectory
+    goes to the learner of the policy that started it, its steps are marked with the policy that acted, and a change of
     policy inside it follows an episode end. Both policies get trajectories; every agent is covered."""
     pop = Population(tmp_path, env, 2, 4, 8, "--policy_resample_episodes", "1", "--policy_mapping", mapping)
     b = pop.buffers
@@ -188,8 +189,9 @@ def test_episode_reports_name_their_policy(tmp_path):
 
 
 def test_each_agents_env_gets_its_policys_reward_shaping(tmp_path, monkeypatch):
-    """PBT's shaping coefficients live per policy in SharedState.shaping; at every episode start the rollout worker gives
-    an agent's env those of the policy that plays the agent's new episode (test_race given the methods Doom envs have)."""
+    """PBT's shaping coefficients live per policy in SharedState.shaping; at every episode start the rollout worker
+    gives an agent's env those of the policy that plays the agent's new episode (test_race given the methods Doom envs
+    have)."""
     from sf_envs.test_envs import TestRace
     calls = []
     monkeypatch.setattr(TestRace, "reward_shaping_defaults", lambda self: {"coeff": 0.0}, raising=False)

@@ -33,7 +33,8 @@ def test_truncated_episodes_keep_their_final_observation(tmp_path):
                     assert final_t == t
                     pos = int(b.obs["obs"][slot, t].argmax())
                     expected = min(max(pos + int(b.actions[slot, t, 0]) - 1, 0), 9)
-                    assert int(b.final_obs["obs"][slot].argmax()) == expected and float(b.final_obs["obs"][slot].sum()) == 1.0
+                    assert (int(b.final_obs["obs"][slot].argmax()) == expected
+                            and float(b.final_obs["obs"][slot].sum()) == 1.0)
                     assert int(b.obs["obs"][slot, t + 1].argmax()) == 0  # the reset observation
                     with torch.no_grad():
                         out = run.model.forward_step({"obs": b.obs["obs"][slot, t:t + 1]}, b.rnn_states[slot, t:t + 1])
@@ -89,8 +90,8 @@ def test_learner_refuses_a_batch_of_other_policy_versions(tmp_path):
     run.close()
     b = run.buffers
     queues = SimpleNamespace(learner=Queue(), free=Queue(), report=Queue(max_size_bytes=2**22))
-    learner = Learner(run.cfg, run.obs_space, run.action_space, b, queues, run.weights, run.state, "cpu", tmp_path / "exp",
-                      frameskip=1)
+    learner = Learner(run.cfg, run.obs_space, run.action_space, b, queues, run.weights, run.state, "cpu",
+                      tmp_path / "exp", frameskip=1)
     for tensor in b.all_tensors():  # a plausible batch 0 in slots 0..3 (acted on policy version 0)
         if tensor.dtype.is_floating_point:
             tensor.uniform_(0, 1)
