@@ -49,8 +49,8 @@ setup(
         "export": ["onnx>=1.15", "onnxruntime>=1.17"],  # python -m sf.export, examples/onnx_play.py
         # --env pettingzoo_<env>: PettingZoo (its registry: >= 1.27), mpe2 (the MPE envs), pymunk (butterfly)
         "pettingzoo": ["pettingzoo>=1.27", "mpe2>=1.1", "pymunk>=6.2", "pygame-ce>=2.3"],
-        # (wandb: its offline-run test; ruff: the linter, tests/test_lint.py)
+        # (wandb: its offline-run test; ruff and mypy: the linter and the type checker, tests/test_lint.py)
         "dev": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.2", "faster-fifo>=1.4.5", "wandb>=0.17",
-                "ruff>=0.17.5,<0.18"],
+                "ruff>=0.17.5,<0.18", "mypy>=2.4,<3"],
     },
 )

@@ -23,6 +23,7 @@ import sys
 import time
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,12 +33,17 @@ from sf.utils.files import replace_durably
 from sf_envs.families import FAMILIES
 from sf_envs.registry import env_spec
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 # torch is imported where used: `--help` and bad flags answer at once.
 
 NATIVE_FPS = {f.name: f.native_fps for f in FAMILIES if f.native_fps}  # the simulators' frame rates
 
 
-def _render_mode(cfg) -> str | None:
+def _render_mode(cfg: Config) -> str | None:
     if cfg.save_video:
         return "rgb_array"
     if not cfg.no_render and os.environ.get("DISPLAY"):
@@ -45,7 +51,7 @@ def _render_mode(cfg) -> str | None:
     return None
 
 
-def video_paths(cfg) -> tuple[Path, Path | None]:
+def video_paths(cfg: Config) -> tuple[Path, Path | None]:
     """Where --save_video writes: the .mp4 and, with --video_gif, the .gif beside it. A one-line ConfigError
     naming the directory for a path that cannot be a new file (checked again by VideoWriter, which tries)."""
     name = cfg.video_name or f"replay_{cfg.experiment}.mp4"
@@ -74,8 +80,11 @@ class _Output:
             os.close(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except OSError as e:
             raise ConfigError(f"cannot write the video in directory {final.parent}: {e.strerror or e}") from None
-        self.container = self.stream = None
-        self._src = self._sink = self._graph = None  # _Gif's filter graph
+        self.container: Any = None  # PyAV's output container and stream (PyAV ships no type information)
+        self.stream: Any = None
+        self._src: Any = None  # _Gif's filter graph
+        self._sink: Any = None
+        self._graph: Any = None
         self.count = 0
 
     def add(self, frame: np.ndarray, rate: Fraction) -> None:
@@ -252,7 +261,7 @@ class VideoWriter:
             raise RunError(f"cannot write video {self.path}: {e}") from None
 
 
-def run_enjoy(cfg) -> int:
+def run_enjoy(cfg: Config) -> int:
     import torch
     for note in cfg._notes:  # e.g. Sample Factory flags that mean nothing here
         print(note)
@@ -288,7 +297,7 @@ def run_enjoy(cfg) -> int:
     return 0
 
 
-def check_policy_index(cfg) -> None:
+def check_policy_index(cfg: Config) -> None:
     """--policy_index names policies of the experiment's population (one line otherwise)."""
     bad = [p for p in cfg.policy_index if p >= cfg.num_policies]
     if bad:
@@ -297,7 +306,7 @@ def check_policy_index(cfg) -> None:
                           f"(--num_policies {cfg.num_policies})")
 
 
-def _play(cfg, spec, device, video):
+def _play(cfg: Config, spec, device, video):
     """The episodes: (agent 0's episode rewards, their lengths, env frames). Ctrl-C stops early and keeps what was
     played. Every agent of a multi-agent env is played by its policy of --policy_index (see the module docstring)."""
     import torch

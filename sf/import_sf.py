@@ -52,6 +52,11 @@ from sf.policy_loading import open_env
 from sf.utils.files import fsync_dir, one_line, temp_path
 from sf_envs.registry import env_spec
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 # torch and what imports it (the model, the learner, the checkpoint code) are imported where used: --help and bad
 # input answer at once.
 
@@ -137,7 +142,7 @@ def resolve_cfg(sf_cfg: dict, shown: str, experiment: str, train_dir: str, prog:
     return cfg, obs_space, action_space
 
 
-def _check_obs_preprocessing(cfg, obs_space, shown: str) -> None:
+def _check_obs_preprocessing(cfg: Config, obs_space, shown: str) -> None:
     """Sample Factory applies obs_subtract_mean and obs_scale to the key "obs" only, whatever its shape; here they apply
     to every image key and never to a vector: refused where the two differ."""
     if cfg.obs_scale == 1.0 and cfg.obs_subtract_mean == 0.0:
@@ -347,7 +352,7 @@ def map_optimizer_state(sf_state: Any, sf_model: dict, plan: list[Entry], model,
 
 
 # --- one policy ------------------------------------------------------------------------------------------------------
-def import_policy(cfg, obs_space, action_space, policy: int, path: Path, sf_state: dict, frameskip: int,
+def import_policy(cfg: Config, obs_space, action_space, policy: int, path: Path, sf_state: dict, frameskip: int,
                   frames_counted_with_frameskip: bool) -> tuple[dict, str]:
     """Our checkpoint state of Sample Factory's checkpoint `sf_state` (from `path`), and a line on what was imported."""
     import torch
@@ -430,7 +435,7 @@ def _check_new(exp_dir: Path) -> None:
                           "--train_dir")
 
 
-def write_experiment(cfg, exp_dir: Path, states: list[dict]) -> None:
+def write_experiment(cfg: Config, exp_dir: Path, states: list[dict]) -> None:
     """config.json and each policy's checkpoint, in a temporary directory beside `exp_dir` renamed onto it at the end:
     the experiment appears whole or not at all."""
     from sf.learning.checkpoint import CheckpointError

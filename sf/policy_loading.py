@@ -11,11 +11,16 @@ from pathlib import Path
 from sf.cfg import ConfigError, RunError, experiment_dir
 from sf_envs.registry import make_env
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 # the model and the checkpoint code (torch: 2 s) are imported on the first load: the commands that import this module
 # answer --help and bad flags at once.
 
 
-def check_experiment_dir(cfg) -> Path:
+def check_experiment_dir(cfg: Config) -> Path:
     """The experiment directory of cfg (--train_dir/--experiment); a one-line ConfigError when it is not a directory,
     a RunError when it cannot be read."""
     exp_dir = experiment_dir(cfg)
@@ -28,7 +33,7 @@ def check_experiment_dir(cfg) -> Path:
     raise ConfigError(f"experiment directory {exp_dir} {what} (check --experiment and --train_dir)")
 
 
-def load_policy(cfg, obs_space, action_space, device, policy_id: int = 0):
+def load_policy(cfg: Config, obs_space, action_space, device, policy_id: int = 0):
     """(model, checkpoint state): the model of cfg with policy `policy_id`'s requested checkpoint's weights
     (cfg.load_checkpoint_kind), in eval mode on `device`; one-line ConfigError for every user-side problem."""
     from sf.learning.checkpoint import CheckpointError, check_compatible, load_into
@@ -51,7 +56,7 @@ def load_policy(cfg, obs_space, action_space, device, policy_id: int = 0):
     return model, state
 
 
-def open_env(cfg, render_mode: str | None = None):
+def open_env(cfg: Config, render_mode: str | None = None):
     """The experiment's env (env_index 0); a missing package or scenario file is a one-line ConfigError."""
     try:
         return make_env(cfg, env_index=0, render_mode=render_mode)

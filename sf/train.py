@@ -11,8 +11,13 @@ from typing import Optional, Sequence
 
 from sf.cfg import cli_main
 
+from typing import TYPE_CHECKING
 
-def run(cfg) -> int:
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
+
+def run(cfg: Config) -> int:
     """Train with a resolved configuration (sf.cfg.parse_cfg); returns the exit code."""
     from sf.runner.runner import run_training
     return run_training(cfg)
@@ -24,7 +29,7 @@ def _prog() -> str:
     return "python -m sf.train" if name in ("", "-c", "-m", "train.py", "__main__.py") else name
 
 
-def _auto_layout(cfg, explicit):
+def _auto_layout(cfg: Config, explicit):
     """--num_workers auto: the layout sf.autolayout cached for this env and machine (measured now if none is)."""
     from sf.autolayout import resolve_auto
     return resolve_auto(cfg, explicit)

@@ -50,6 +50,10 @@ class _TestEnv(gym.Env):
         self._steps = 0
         return self._reset(), {}
 
+    def _reset(self):
+        """The first observation of an episode (each env's own)."""
+        raise NotImplementedError
+
     def _finish(self, obs, reward: float, terminated: bool, truncated: bool):
         self._steps += 1
         return obs, float(reward), terminated, truncated, {}

@@ -17,6 +17,11 @@ from sf.cfg import ConfigError
 from sf.cfg.parse import read_json_object
 from sf.utils.files import write_json_atomic
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 CACHE_VERSION = 1
 
 
@@ -30,7 +35,7 @@ def cache_path(env: str) -> Path:
     return cache_dir() / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', env)}-{host}.json"
 
 
-def save(path: Path, cfg, m: Measurements, chosen: Layout, pred: dict, preset: Layout, preset_pred: dict,
+def save(path: Path, cfg: Config, m: Measurements, chosen: Layout, pred: dict, preset: Layout, preset_pred: dict,
          tune_batch_size: bool, check: Optional[dict]) -> None:
     data = {"version": CACHE_VERSION, "env": cfg.env, "host": socket.gethostname(), "cores": m.cores,
             "device": "cuda" if m.gpu else "cpu", "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -12,18 +12,24 @@ import sys
 import time
 from queue import Empty
 from types import SimpleNamespace
+from typing import Any
 
 from sf.autolayout.cache import cache_path, cached_layout, save
 from sf.autolayout.model import LAYOUT_KEYS, Layout, Measurements, batch_sizes, choose, predict
 from sf.cfg import ConfigError, RunError, resolve_device
 from sf.processes.control import bind_device, usable_cores
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 ENV_COUNTS = (1, 2, 4, 8, 16)  # envs per process measured
 FORWARD_ROWS = (1, 2, 4, 8, 16, 32, 64)  # policy forward batch sizes measured
 QUICK_SECONDS = 40.0  # train.py --num_workers auto without a cached layout: measuring takes about this long
 
 
-def _spaces_and_envs(cfg, count: int):
+def _spaces_and_envs(cfg: Config, count: int):
     from sf_envs.registry import env_spec, make_env
     spec = env_spec(cfg.env, cfg)
     envs = []
@@ -66,7 +72,8 @@ def measure_envs(envs, counts, seconds_each: float, multiagent: bool) -> tuple[d
     return out, ends / max(n * agents, 1)
 
 
-def measure_sampling(cfg, obs_space, action_space, envs: int, device: str, seconds: float) -> tuple[float, float, int]:
+def measure_sampling(cfg: Config, obs_space, action_space, envs: int, device: str,
+                     seconds: float) -> tuple[float, float, int]:
     """The sampling stage stepped in this process: one real rollout worker (sf.sampling.rollout_worker) of `envs` envs
     and one real policy worker over real shared buffers and queues, the learner's part done by recycling full slots.
     Returns (the rollout worker's seconds per sample outside its env steps, the policy worker's seconds per call
@@ -157,7 +164,7 @@ def measure_msg(seconds: float) -> float:
     """Seconds of one request/reply round trip between two processes over sf.ipc.Queue (a rollout worker's request to
     a policy worker and its reply: two wake-ups)."""
     from sf.ipc import Queue
-    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    ctx: Any = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")  # (typeshed: no Process)
     q_in, q_out = Queue(), Queue()
     child = ctx.Process(target=_echo, args=(q_in, q_out), daemon=True)
     child.start()
@@ -201,7 +208,7 @@ def _timed(fn, seconds: float, sync) -> float:
     return robust_time(times)
 
 
-def measure_forward(cfg, obs_space, action_space, device: str, seconds: float) -> dict:
+def measure_forward(cfg: Config, obs_space, action_space, device: str, seconds: float) -> dict:
     """rows -> seconds of one `forward_step` of the run's model on that many rows (inference mode), as a policy
     worker computes it (its precision, its acting copy of the weights)."""
     import numpy as np
@@ -252,7 +259,7 @@ def synthetic_batch(model, obs_space, action_space, n: int, rollout: int, device
     return buffers.gather(torch.arange(n), device)
 
 
-def measure_learner(cfg, obs_space, action_space, device: str, frameskip: int, batch_sizes, thread_counts,
+def measure_learner(cfg: Config, obs_space, action_space, device: str, frameskip: int, batch_sizes, thread_counts,
                     seconds: float, done_rate: float = 0.02) -> dict:
     """"B/threads" -> seconds per sample of APPO.train on one training batch of B x --num_batches_per_epoch samples
     (the run's model, precision, loss and --num_epochs; episode ends at `done_rate` per step), with that many torch
@@ -276,7 +283,7 @@ def measure_learner(cfg, obs_space, action_space, device: str, frameskip: int, b
     return out
 
 
-def measure(cfg, seconds: float, tune_batch_size: bool = False, log=print) -> Measurements:
+def measure(cfg: Config, seconds: float, tune_batch_size: bool = False, log=print) -> Measurements:
     """Measure what the run configured by `cfg` (a parse_cfg result) costs per sample on this machine, in about
     `seconds` (shares: envs 35%, policy forward 15%, learner 45%, buffers and queue 5%). Torch threads are restored."""
     import torch
@@ -331,7 +338,7 @@ def measure(cfg, seconds: float, tune_batch_size: bool = False, log=print) -> Me
                         gpu=device.startswith("cuda"), seconds=time.perf_counter() - t_start, done_rate=done_rate)
 
 
-def preset_layout(cfg) -> Layout:
+def preset_layout(cfg: Config) -> Layout:
     from sf.learning.learner import learner_threads
     return Layout(cfg.num_workers, cfg.num_envs_per_worker, cfg.worker_num_splits, cfg.policy_workers_per_policy,
                   learner_threads(cfg), cfg.batch_size)
@@ -382,7 +389,7 @@ def _describe(values: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in values.items())
 
 
-def _measure_and_save(cfg, seconds: float) -> None:
+def _measure_and_save(cfg: Config, seconds: float) -> None:
     """Quick measurement for train.py --num_workers auto, in a child process of the runner started with spawn (a fresh
     interpreter): the runner forks its workers' fork server later, and a parent that ran torch's OpenMP threads must
     not fork; and a child forked from a process that had initialized CUDA (the runner's device check may) cannot use
@@ -393,7 +400,7 @@ def _measure_and_save(cfg, seconds: float) -> None:
     save(cache_path(cfg.env), cfg, m, chosen, pred, preset, predict(preset, m), False, None)
 
 
-def _measure_child(cfg, seconds: float, send) -> None:
+def _measure_child(cfg: Config, seconds: float, send) -> None:
     """The child of resolve_auto: measures and caches; sends None, or (error kind, one line)."""
     try:
         _measure_and_save(cfg, seconds)
@@ -404,7 +411,7 @@ def _measure_child(cfg, seconds: float, send) -> None:
         send.send(("RunError", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
 
 
-def resolve_auto(cfg, explicit=frozenset()) -> tuple[str, dict, str]:
+def resolve_auto(cfg: Config, explicit=frozenset()) -> tuple[str, dict, str]:
     """`train.py --num_workers auto` (sf.cfg.parse_cfg's auto_layout): (source, values, the run log's line). The cached
     layout of cfg.env on this host; none cached: measured now (QUICK_SECONDS) and cached. Flags given win."""
     found = cached_layout(cfg.env, explicit)

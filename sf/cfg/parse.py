@@ -171,7 +171,7 @@ def _json_object(data: dict, key: str, shown: str, parent: str = "") -> dict:
     return value
 
 
-def save_cfg(cfg, exp_dir: Path) -> Path:
+def save_cfg(cfg: Config, exp_dir: Path) -> Path:
     """Write the resolved configuration as exp_dir/config.json, atomically (write_json_atomic). Creates exp_dir if
     needed. Call it only after every check has passed. An OS error raises RunError (one line naming the file)."""
     return write_json_atomic(Path(exp_dir) / "config.json", cfg.as_dict())  # parameters only (not cfg._notes)

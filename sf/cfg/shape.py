@@ -18,8 +18,13 @@ import dataclasses
 
 from sf.utils.errors import ConfigError
 
+from typing import TYPE_CHECKING
 
-def num_envs(cfg) -> int:
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
+
+def num_envs(cfg: Config) -> int:
     """num_workers x num_envs_per_worker: the envs of the run (also before the env is known, for the checks of
     sf/cfg/validate.py)."""
     return cfg.num_workers * cfg.num_envs_per_worker
@@ -36,7 +41,7 @@ class RunShape:
     slots: int
 
     @classmethod
-    def of(cls, cfg, agents_per_env: int) -> "RunShape":
+    def of(cls, cfg: Config, agents_per_env: int) -> "RunShape":
         """The shape of a run of `cfg` on an env of `agents_per_env` agents. Refuses (ConfigError, one line) a layout
         where a policy would never play or the slots cannot hold what is in flight."""
         envs = num_envs(cfg)
@@ -61,7 +66,7 @@ class RunShape:
                    samples_per_batch=trajs_per_batch * cfg.rollout, slots=slots)
 
     @classmethod
-    def of_evaluation(cls, cfg, agents_per_env: int, slots: int) -> "RunShape":
+    def of_evaluation(cls, cfg: Config, agents_per_env: int, slots: int) -> "RunShape":
         """The shape of an evaluation (sf.eval): no learner, so no training batch; `slots`, one per agent that plays
         (sf/sampling/evaluation.py)."""
         envs = num_envs(cfg)

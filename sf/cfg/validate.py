@@ -18,6 +18,11 @@ from sf.cfg.string_checks import shown, shown_str, validate_experiment_name, val
 from sf.processes.control import usable_cores
 from sf.utils.errors import ConfigError
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 MAX_TOTAL_ENVS = 65536  # num_workers * num_envs_per_worker
 MAX_SAMPLES_PER_TRAINING_BATCH = 2**24  # batch_size * num_batches_per_epoch
 
@@ -162,11 +167,11 @@ def from_file(path: str, key: str, p: Param, raw: Any) -> Any:
 
 
 # --- a whole configuration ----------------------------------------------------------------------------------------
-def experiment_dir(cfg) -> Path:
+def experiment_dir(cfg: Config) -> Path:
     return Path(cfg.train_dir) / cfg.experiment
 
 
-def sync_minibatches(cfg) -> int:
+def sync_minibatches(cfg: Config) -> int:
     """--sync_mode hts/ppo: SGD steps per epoch, each on --batch_size samples of the training batch (one --rollout of
     every env); a --batch_size at least that large makes it one step on the whole batch."""
     return max(1, num_envs(cfg) * cfg.rollout // cfg.batch_size)
@@ -184,7 +189,7 @@ def scale_envs_per_worker(envs: int, workers: int, splits: int, cores: Optional[
     return max(splits, per_worker // splits * splits)
 
 
-def verify(cfg, mode: str = "train") -> None:
+def verify(cfg: Config, mode: str = "train") -> None:
     """Check every value (type, range or choices) and the cross-parameter rules; raise ConfigError with a
     one-line message naming the flag. Checks only: creates and writes nothing."""
     for p in all_params():
@@ -269,7 +274,7 @@ def _check_writable(train_dir: Path) -> None:
         raise ConfigError(f"--train_dir {train_dir} is not writable (checked {d}); choose a directory you can write to")
 
 
-def resolve_device(cfg) -> str:
+def resolve_device(cfg: Config) -> str:
     """'cuda' or 'cpu' for --device auto/cpu/cuda."""
     device = cfg.device
     if device == "auto":

@@ -12,7 +12,7 @@ import queue as _queue
 from multiprocessing import context as _mp_context
 from multiprocessing import reduction as _reduction
 
-from sf.ipc import _cqueue
+from sf.ipc import _cqueue  # type: ignore[attr-defined]  # the compiled extension (no stub)
 
 Full = _queue.Full
 Empty = _queue.Empty

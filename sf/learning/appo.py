@@ -48,6 +48,11 @@ from sf.learning.vtrace import truncation_bootstrap, vtrace
 from sf.model.action_spaces import MASKED_LOGIT, action_heads
 from sf.seeding import MINIBATCH, run_seed, stream_seed
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 OPTIMIZER_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "adam_beta1", "adam_beta2", "adam_eps")
 LOSS_KEYS = ("loss", "policy_loss", "value_loss", "exploration_loss", "kl_loss", "entropy", "kl_divergence",
              "clip_fraction", "grad_norm")
@@ -57,7 +62,7 @@ STAT_KEYS = (*LOSS_KEYS, "lr", "lag_min", "lag_avg", "lag_max", "masked_fraction
 SKIPPED = "skipped"  # a step's 1.0 if the optimizer skipped it (read with the stats, then taken out: APPO.last_skipped)
 
 
-def exploration_loss_problem(cfg, action_space) -> Optional[str]:
+def exploration_loss_problem(cfg: Config, action_space) -> Optional[str]:
     """Why cfg's --exploration_loss cannot train `action_space` (one line), or None."""
     if cfg.exploration_loss == "symmetric_kl" and not action_heads(action_space):
         return (f"--exploration_loss symmetric_kl needs discrete actions (its prior is the uniform distribution over "
@@ -65,14 +70,14 @@ def exploration_loss_problem(cfg, action_space) -> Optional[str]:
     return None
 
 
-def cfg_hyperparams(cfg) -> dict[str, float]:
+def cfg_hyperparams(cfg: Config) -> dict[str, float]:
     """The configuration's OPTIMIZER_HYPERPARAMS (flag > saved config.json > preset, as sf.cfg.parse_cfg resolved
     them)."""
     return {k: float(getattr(cfg, k)) for k in OPTIMIZER_HYPERPARAMS}
 
 
 class APPO:
-    def __init__(self, model: torch.nn.Module, cfg, device, policy_id: int = 0,
+    def __init__(self, model: torch.nn.Module, cfg: Config, device, policy_id: int = 0,
                  grad_hook: Optional[Callable[[], None]] = None, frames_per_sample: float = 1.0):
         """`grad_hook()`: called after every backward, before gradient clipping and the optimizer step (e.g.
         sf.distributed.GradientAllReduce: data-parallel learners average their gradients there; the KL-adaptive
@@ -310,11 +315,13 @@ class APPO:
         sync_free = self._sync_free_steps()
         self._set_fused(sync_free)
         if sync_free:  # skipped on the device, the way torch.amp.GradScaler skips a step: no update, no step count
-            skipped = self.optimizer.found_inf = (~torch.isfinite(grad_norm) | (num_valid == 0)).float()
+            # (found_inf: the attribute torch's fused Adam reads, as GradScaler sets it; not in its type)
+            skipped = self.optimizer.found_inf = (  # type: ignore[attr-defined]
+                ~torch.isfinite(grad_norm) | (num_valid == 0)).float()
             try:
                 self.optimizer.step()
             finally:
-                del self.optimizer.found_inf
+                del self.optimizer.found_inf  # type: ignore[attr-defined]
             stepped = True
         else:
             stepped = bool(torch.isfinite(grad_norm)) and (self.grad_hook is None or float(grad_norm) > 0)

@@ -19,6 +19,11 @@ from sf.learning.phase_timing import LAPS
 from sf.processes.control import runner_alive
 from sf.seeding import deterministic_kernels
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 # the console's and TensorBoard's line for each mode (the runner formats it with the run's batch and SGD steps)
 MODE_LINES = {
     "async": "async (asynchronous APPO: policy lag varies, samples older than --max_policy_lag are masked)",
@@ -38,7 +43,7 @@ class AsyncSchedule:
         self.learner = learner
 
     @staticmethod
-    def torch_threads(cores: int, cfg) -> int:
+    def torch_threads(cores: int, cfg: Config) -> int:
         return max(1, cores // 2 // cfg.num_policies)  # a population's learners share the cores
 
     def order_batch(self, pending: list) -> None:
@@ -165,7 +170,7 @@ class HtsSchedule(IntervalSchedule):
     mode = "hts"
 
     @staticmethod
-    def torch_threads(cores: int, cfg) -> int:
+    def torch_threads(cores: int, cfg: Config) -> int:
         return max(1, cores // 2)  # independent of the worker layout: every layout computes the same bits
 
     def behaviour(self, k: int) -> int:
@@ -182,7 +187,7 @@ class PpoSchedule(IntervalSchedule):
     mode = "ppo"
 
     @staticmethod
-    def torch_threads(cores: int, cfg) -> int:
+    def torch_threads(cores: int, cfg: Config) -> int:
         return cores  # the actors wait while the learner trains
 
     def behaviour(self, k: int) -> int:
@@ -196,6 +201,6 @@ class PpoSchedule(IntervalSchedule):
 SCHEDULES = {"async": AsyncSchedule, "hts": HtsSchedule, "ppo": PpoSchedule}
 
 
-def schedule_class(cfg) -> type:
+def schedule_class(cfg: Config) -> type[AsyncSchedule | IntervalSchedule]:
     """The batch schedule of cfg.sync_mode (the one place the mode is read for the learner)."""
     return SCHEDULES[cfg.sync_mode]

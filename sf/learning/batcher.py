@@ -44,7 +44,8 @@ class Batcher:
         self.masks_steps, self.schedule, self.recycled, self.copied = masks_steps, schedule, recycled, copied
         self.pending: list[int] = []  # slots taken, not yet copied out
         self.batches: queue.Queue | None = None  # process mode: the batch copied out and waiting (start_thread)
-        self._stop, self._thread = threading.Event(), None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def collect(self, timeout: float):
         """Take finished slots; once a training batch is complete, copy it out and free its slots.

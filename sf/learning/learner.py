@@ -61,13 +61,18 @@ from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STE
 from sf.processes.slot_ledger import SlotLedger
 from sf.seeding import MODEL, run_seed, stream_seed
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 log = logging.getLogger("sf.learner")
 # PBT weight copy from a source that has not published yet or is being written (its learner died writing): retried
 # before each training batch and in the idle loop for this long, then abandoned (a publish takes well under a ms)
 PBT_COPY_WAIT_SEC = 5.0
 
 
-def checkpoint_meta(cfg, obs_space, action_space, model) -> dict:
+def checkpoint_meta(cfg: Config, obs_space, action_space, model) -> dict:
     """What a checkpoint must match to be loaded into this run (one-line error otherwise)."""
     return {"env": cfg.env, "observation_space": str(obs_space), "action_space": str(action_space),
             "model": model_signature(model), "model_options": model_options(cfg)}
@@ -80,7 +85,7 @@ LATER_MODEL_OPTIONS = {"rnn_num_layers": 1, "actor_critic_share_weights": True, 
                        "continuous_tanh_scale": 0.0, "obs_scale": 255.0, "obs_subtract_mean": 0.0}
 
 
-def model_options(cfg) -> dict:
+def model_options(cfg: Config) -> dict:
     """The model settings that change what the weights compute without changing their shapes (the signature cannot
     tell them apart), and those that change its structure: resuming or watching with another would run the weights
     through another function (or fail on their names)."""
@@ -90,9 +95,9 @@ def model_options(cfg) -> dict:
 
 
 class Learner:
-    def __init__(self, cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                 frameskip: int, shape: RunShape | None = None, policy_id: int = 0, all_weights: list | None = None,
-                 replacement: bool = False, world: distributed.World | None = None):
+    def __init__(self, cfg: Config, obs_space, action_space, buffers, queues, shared_weights, shared_state, device,
+                 exp_dir, frameskip: int, shape: RunShape | None = None, policy_id: int = 0,
+                 all_weights: list | None = None, replacement: bool = False, world: distributed.World | None = None):
         """frameskip: env frames per env step (the env's spec: the learner counts frames, it knows no env); shape: the
         run's sizes (sf/cfg/shape.py: agents, trajectories per batch), the runner's; None: those of a single-agent env.
         queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
@@ -391,7 +396,7 @@ class Learner:
         self.state.learner[self.policy_id, FINISHED] = 1.0
 
 
-def learner_threads(cfg) -> int:
+def learner_threads(cfg: Config) -> int:
     """--learner_torch_threads, or by default: half the cores (a population's learners: an equal share of that) in the
     modes where collection runs beside training (async, hts; in hts a number independent of the worker layout, so that
     every layout computes the same bits), every core in ppo mode (the actors wait while the learner trains).
@@ -404,7 +409,7 @@ def learner_threads(cfg) -> int:
     return schedule_class(cfg).torch_threads(cores, cfg)
 
 
-def run_learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
+def run_learner(cfg: Config, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
                 frameskip, shape, policy_id=0, all_weights=None, replacement=False) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
     share them). Its data-parallel rank comes from torchrun's environment (inherited through the fork server)."""

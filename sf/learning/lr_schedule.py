@@ -27,6 +27,11 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 KL_ADAPTIVE = ("kl_adaptive_minibatch", "kl_adaptive_epoch")
 LR_SCHEDULES = ("constant", "linear_decay", *KL_ADAPTIVE)
 KL_FACTOR = 1.5  # Sample Factory's: the rate is multiplied or divided by this
@@ -43,7 +48,7 @@ class LrSchedule:
         self.adapted: Optional[tuple[float, float]] = None  # kl_adaptive_*: (rate, the base it was adapted from)
 
     @classmethod
-    def from_cfg(cls, cfg) -> "LrSchedule":
+    def from_cfg(cls, cfg: Config) -> "LrSchedule":
         return cls(cfg.lr_schedule, kl_threshold=cfg.lr_schedule_kl_threshold, lr_min=cfg.lr_adaptive_min,
                    lr_max=cfg.lr_adaptive_max, budget_frames=cfg.train_for_env_steps)
 

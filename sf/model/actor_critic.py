@@ -41,6 +41,11 @@ from sf.model.cores import IdentityCore, RecurrentCore
 from sf.model.encoders import ImageEncoder, ObsEncoder
 from sf.model.normalization import RunningMeanStd
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 
 class StepOutput(NamedTuple):
     action_logits: torch.Tensor  # [B, L]
@@ -62,7 +67,7 @@ class ActorCritic(nn.Module):
     # in float32 from float32 features. Set by the processes that run the model (resolve_precision), not saved.
     compute_dtype: Optional[torch.dtype] = None
 
-    def __init__(self, cfg, obs_space, action_space, channels_last: bool = True):
+    def __init__(self, cfg: Config, obs_space, action_space, channels_last: bool = True):
         super().__init__()
         self.obs_space, self.action_space = obs_space, action_space
         self.action_masked = check_action_mask(obs_space, action_space)  # obs["action_mask"] masks the logits
@@ -95,7 +100,7 @@ class ActorCritic(nn.Module):
             RunningMeanStd((), clip=None) if cfg.normalize_returns else None)
         self._init_weights(cfg.policy_initialization, cfg.policy_init_gain)
 
-    def _make_core(self, cfg, in_size: int) -> nn.Module:
+    def _make_core(self, cfg: Config, in_size: int) -> nn.Module:
         if self.is_recurrent:
             return RecurrentCore(in_size, cfg.rnn_type, cfg.rnn_size, cfg.rnn_num_layers)
         return IdentityCore(in_size)
@@ -289,7 +294,7 @@ def resolve_precision(choice: str, model: nn.Module, device, deterministic: bool
     return torch.bfloat16 if has_conv and native_bfloat16(device) else None
 
 
-def run_precision(cfg, model: ActorCritic, device, deterministic: Optional[bool] = None) -> ActorCritic:
+def run_precision(cfg: Config, model: ActorCritic, device, deterministic: Optional[bool] = None) -> ActorCritic:
     """Set model.compute_dtype as the run's processes set it: --precision resolved on `device` (resolve_precision),
     deterministic in the sync modes unless `deterministic` says otherwise (a policy worker evaluating). Returns
     model."""
@@ -299,7 +304,7 @@ def run_precision(cfg, model: ActorCritic, device, deterministic: Optional[bool]
     return model
 
 
-def create_actor_critic(cfg, obs_space, action_space, channels_last: bool = True) -> ActorCritic:
+def create_actor_critic(cfg: Config, obs_space, action_space, channels_last: bool = True) -> ActorCritic:
     """The model of the contract. `channels_last`: conv activations after the first layer in NHWC memory
     format (oneDNN's preferred layout; measured a little faster on CPU, see benchmarks/learner_step.py
     --no_channels_last); the weights, the state_dict and the function are the same either way."""

@@ -35,6 +35,11 @@ from sf.model.action_spaces import ACTION_MASK_KEY
 from sf.model.normalization import PixelMeanStd, RunningMeanStd
 from sf.utils.errors import ConfigError
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 # (out_channels, kernel, stride), each conv followed by the nonlinearity (Sample Factory's ConvEncoder)
 CONV_ARCHITECTURES = {
     # Sample Factory's Doom encoder for 128x72 frames: [3,72,128] -> [32,17,31] -> [64,7,14] -> [128,3,6]
@@ -73,7 +78,7 @@ def pick_conv_architecture(name: str, obs_shape: Sequence[int]) -> str:
     return "convnet_atari" if tuple(obs_shape[-2:]) == (84, 84) else "convnet_simple"
 
 
-def conv_mlp_layers(cfg) -> list[int]:
+def conv_mlp_layers(cfg: Config) -> list[int]:
     """The fully connected layers after the conv layers: --encoder_conv_mlp_layers, or (None) one of --hidden_size."""
     return [cfg.hidden_size] if cfg.encoder_conv_mlp_layers is None else list(cfg.encoder_conv_mlp_layers)
 
@@ -261,7 +266,7 @@ class ResnetEncoder(ImageEncoder):
         return self.act(x)
 
 
-def make_image_encoder(cfg, obs_shape: Sequence[int], channels_last: bool = True,
+def make_image_encoder(cfg: Config, obs_shape: Sequence[int], channels_last: bool = True,
                        preprocess: bool = True) -> ImageEncoder:
     """The image encoder of the configuration for `[C, H, W]` frames. `preprocess`: fold (x - obs_subtract_mean) /
     obs_scale into its first convolution (False: the caller feeds preprocessed, normalized input)."""
@@ -296,7 +301,7 @@ class ObsEncoder(nn.Module):
     weights policy workers load carry them); only the learner updates them (`update_normalizers`).
     """
 
-    def __init__(self, cfg, obs_space, channels_last: bool = True):
+    def __init__(self, cfg: Config, obs_space, channels_last: bool = True):
         super().__init__()
         spaces = obs_space.spaces
         self.keys = sorted((k for k in spaces if k != ACTION_MASK_KEY), key=lambda k: (k != "obs", k))
@@ -339,7 +344,7 @@ class ObsEncoder(nn.Module):
                 out += [m for m in enc.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
         return out
 
-    def _normalized_keys(self, cfg, spaces) -> set:
+    def _normalized_keys(self, cfg: Config, spaces) -> set:
         """The keys with a running mean/std normalizer: --normalize_input_keys (None: the vector keys)."""
         if not cfg.normalize_input:
             return set()

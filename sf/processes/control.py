@@ -55,7 +55,7 @@ def process_title(name: str) -> str:
 def set_process_name(name: str) -> None:
     """Show this process as process_title(name) in top, ps and psutil's name() (/proc/<pid>/comm; its command line is
     unchanged). Called first thing in the main thread: the threads it starts later (torch's) inherit the name."""
-    _prctl(PR_SET_NAME, process_title(name).encode())  # type: ignore[arg-type]  (prctl takes a char* here)
+    _prctl(PR_SET_NAME, process_title(name).encode())  # type: ignore[arg-type]  # prctl takes a char* here
 
 
 def become_subreaper() -> None:

@@ -61,6 +61,11 @@ import psutil
 from sf.processes.shared_state import ENV_STEPS, SLOT_FREE, learner_name, slot_held, slot_queued
 from sf.runner.supervision import kill_adopted
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 log = logging.getLogger("sf")
 KINDS = ("rollout_worker", "policy_worker", "learner")
 SERVING_WAIT_SEC = 10.0  # a policy worker's batch takes milliseconds; one stuck longer is the stall watchdog's business
@@ -106,7 +111,7 @@ def exit_cause(exitcode: int | None) -> str:
 
 
 class Healer:
-    def __init__(self, cfg, state, queues, frames_per_step: int):
+    def __init__(self, cfg: Config, state, queues, frames_per_step: int):
         """frames_per_step: env frames of one agent step (frameskip)."""
         self.cfg, self.state, self.queues = cfg, state, queues
         self.frames_per_step = frames_per_step

@@ -38,11 +38,16 @@ from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_sp
 from sf.seeding import PBT, run_seed, stream_seed
 from sf.utils.files import write_json_atomic
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 log = logging.getLogger("sf")
 STATE_FILE = "pbt_state.json"
 
 
-def initial_hyperparams(cfg, shaping: dict[str, float]) -> dict[str, float]:
+def initial_hyperparams(cfg: Config, shaping: dict[str, float]) -> dict[str, float]:
     """Every policy's starting point: the configuration's learning rate, entropy coefficient, Adam beta1, and the env's
     reward-shaping coefficients."""
     return {**shared_hyperparams(cfg), **shaping}
@@ -83,7 +88,7 @@ def record(stats, hyper: list[dict]) -> None:
 
 
 class PopulationControl:
-    def __init__(self, cfg, exp_dir: Path, shaping: dict[str, float]):
+    def __init__(self, cfg: Config, exp_dir: Path, shaping: dict[str, float]):
         """Builds the PBT state: a resumed run's from pbt_state.json, else a fresh one. A state that does not fit this
         run (another population size, other hyperparameters) is a one-line ConfigError."""
         self.cfg, self.path = cfg, Path(exp_dir) / STATE_FILE

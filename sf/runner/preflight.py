@@ -133,7 +133,7 @@ def data_parallel_world(cfg: Config) -> tuple[Config, distributed.World]:
     return cfg, world
 
 
-def probe_env(cfg):
+def probe_env(cfg: Config):
     """Make one env in the runner to read its spaces (and fail early, in one line, if it cannot run). Also returns
     what one env costs in memory (bytes: the processes it starts, e.g. a VizDoom engine, plus what it allocates here),
     the modules making it imported (the fork server imports them once for every worker) and its reward-shaping
@@ -196,8 +196,8 @@ def device_memory(device: str) -> tuple[int, int]:
     return torch.cuda.mem_get_info(torch.device(device))
 
 
-def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int, device: str = "cpu", batch_trajs: int = 0,
-                 obs_space=None, rnn_state_size: int = 0) -> None:
+def check_memory(cfg: Config, buffer_bytes: int, model_bytes: int, env_bytes: int, device: str = "cpu",
+                 batch_trajs: int = 0, obs_space=None, rnn_state_size: int = 0) -> None:
     """Refuse, in one line with the estimate, a run that cannot fit in this machine's memory, before anything of it is
     allocated or started. env_bytes: what one env was measured to take (probe_env). On a CUDA `device` also the GPU's:
     a learner's batch of `batch_trajs` trajectories of `obs_space` observations and RNN states of `rnn_state_size`
@@ -251,7 +251,7 @@ def check_memory(cfg, buffer_bytes: int, model_bytes: int, env_bytes: int, devic
                           "--policy_workers_per_policy or --batch_size")
 
 
-def check_checkpoint(cfg, exp_dir: Path, meta: dict, world: distributed.World) -> list[tuple[int, int]]:
+def check_checkpoint(cfg: Config, exp_dir: Path, meta: dict, world: distributed.World) -> list[tuple[int, int]]:
     """Before anything is written: the checkpoint to resume from must fit this env and model (meta: checkpoint_meta of
     this run's model), and have been trained by as many data-parallel ranks. Returns each policy's checkpoint as
     (version, frames); (0, 0) where there is none, and for every policy unless --restart_behavior resume."""
@@ -278,14 +278,14 @@ def check_checkpoint(cfg, exp_dir: Path, meta: dict, world: distributed.World) -
     return resumed
 
 
-def already_trained(cfg, resumed: list[tuple[int, int]], world: distributed.World) -> bool:
+def already_trained(cfg: Config, resumed: list[tuple[int, int]], world: distributed.World) -> bool:
     """A resumed experiment whose checkpoints reached --train_for_env_steps already (every policy's; with torchrun,
     all ranks' frames together, each rank having trained as many as rank 0's checkpoint records)."""
     trained = (world.world_size if world.data_parallel(cfg.num_policies) else 1) * min(steps for _, steps in resumed)
     return cfg.restart_behavior == "resume" and trained >= cfg.train_for_env_steps
 
 
-def nothing_to_train(cfg, resumed: list[tuple[int, int]], world: distributed.World, exp_dir: Path) -> int:
+def nothing_to_train(cfg: Config, resumed: list[tuple[int, int]], world: distributed.World, exp_dir: Path) -> int:
     """A finished experiment resumed with the same budget: start nothing, write nothing (no checkpoint re-saved, no
     best relabelled, no config.json, log or event file); say so with the experiment's counters (rank 0: to the other
     ranks too). Exit code 0."""
@@ -319,7 +319,7 @@ def telling_other_ranks(world: distributed.World, timeout_sec: float):
         raise
 
 
-def follow_rank0(cfg, world: distributed.World, resumed: list[tuple[int, int]], exp_dir: Path) -> int | None:
+def follow_rank0(cfg: Config, world: distributed.World, resumed: list[tuple[int, int]], exp_dir: Path) -> int | None:
     """Ranks > 0: None to train (a population's: check_rank_directory first), else the exit code to end with: its own
     files show the budget reached (a shared filesystem), or rank 0 stopped (its line is repeated here: 0 is logged, 2
     raises ConfigError, others RunError)."""
@@ -339,7 +339,7 @@ def follow_rank0(cfg, world: distributed.World, resumed: list[tuple[int, int]], 
     raise (ConfigError if code == 2 else RunError)(f"rank 0 did not start the run: {line}")
 
 
-def check_rank_directory(cfg, world: distributed.World, exp_dir: Path) -> None:
+def check_rank_directory(cfg: Config, world: distributed.World, exp_dir: Path) -> None:
     """Past rank 0, a population's new run (not --restart_behavior resume): this rank writes its policies' checkpoints
     into its own experiment directory, which rank 0 moved aside or deleted only if the filesystem is shared. One left
     from an earlier run would be resumed from later: refused in one line (called once rank 0 started the run)."""
@@ -360,7 +360,7 @@ def remove_leftovers() -> None:
                  removed, freed / 2**20)
 
 
-def prepare_experiment_dir(cfg) -> Path:
+def prepare_experiment_dir(cfg: Config) -> Path:
     """--restart_behavior: resume keeps the directory, restart moves it aside, overwrite deletes it. Restart and
     overwrite act only on a real directory (not a link) inside the train dir that holds an experiment of ours (its
     config.json): anything else is refused in one line, so that nothing outside the experiment is ever touched."""

@@ -13,8 +13,13 @@ from types import SimpleNamespace
 
 from sf.ipc import Queue
 
+from typing import TYPE_CHECKING
 
-def make_queues(cfg, num_policies: int, num_slots: int) -> SimpleNamespace:
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
+
+def make_queues(cfg: Config, num_policies: int, num_slots: int) -> SimpleNamespace:
     """policy [P], workers [W], learner [P], free, report; the free list filled (every slot free at start) in
     asynchronous mode."""
     P = num_policies

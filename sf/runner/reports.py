@@ -18,11 +18,16 @@ import logging
 from queue import Empty
 from typing import Callable
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 log = logging.getLogger("sf")
 
 
 class ReportReader:
-    def __init__(self, cfg, queue, stats, state, stack_files: dict[str, int],
+    def __init__(self, cfg: Config, queue, stats, state, stack_files: dict[str, int],
                  on_error: Callable[[str, str, bool], None]):
         """stats: the run's RunStats; state: SharedState; stack_files: name -> descriptor, filled here; on_error(name,
         traceback, fatal): a crashed process."""

@@ -61,10 +61,15 @@ from sf.sampling.policy_worker import run_policy_worker
 from sf.sampling.rollout_worker import run_rollout_worker
 from sf_envs.registry import env_spec, process_leftover_files
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 log = logging.getLogger("sf")
 
 
-def run_training(cfg) -> int:
+def run_training(cfg: Config) -> int:
     """train.py's body. Every check runs first (the env, the model, the checkpoint to resume, memory); then the
     experiment's lock is taken (another run of it: refused); only then is anything on disk touched: the experiment
     directory, config.json (atomically), the log, the run. A resumed experiment whose budget is reached already
@@ -104,7 +109,7 @@ class Runner:
     stopping_note = "stopping (final checkpoint)"  # the console line of a first Ctrl-C / SIGTERM
     poll_sec = 0.1  # the supervision loop's period
 
-    def __init__(self, cfg, world: distributed.World | None = None):
+    def __init__(self, cfg: Config, world: distributed.World | None = None):
         """Checks only (sf/runner/preflight.py): the env runs, then _check_policies (the model fits the checkpoint to
         resume, the run fits in memory). Nothing is written or allocated here (build() does that when the run starts).
         world: torchrun's ranks (one by default)."""
@@ -118,7 +123,8 @@ class Runner:
         # the policies that play here (learners, policy workers): all, or this rank's (torchrun: p on rank p mod size)
         self.policies = self.world.policies(self.num_policies)
         self.data_parallel = self.world.data_parallel(self.num_policies)
-        self.lock = None  # the experiment's lock (rank 0; run_training takes it): its learners hold it too
+        # the experiment's lock (rank 0; run_training takes it): its learners hold it too
+        self.lock: ExperimentLock | None = None
         self._check_policies(env_bytes)
 
     def _check_policies(self, env_bytes: int) -> None:

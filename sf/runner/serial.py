@@ -46,9 +46,9 @@ def run_serial(runner, start: float) -> None:
 
     workers = []
     try:
-        for w in range(cfg.num_workers):
-            workers.append(RolloutWorker(cfg, w, runner.buffers, runner.env_slots, worker_queues(q, w), runner.state,
-                                         on_starved=starved))
+        for index in range(cfg.num_workers):
+            workers.append(RolloutWorker(cfg, index, runner.buffers, runner.env_slots, worker_queues(q, index),
+                                         runner.state, on_starved=starved))
             workers[-1].start()
         while not runner.state.stopping():
             for policy in policies:

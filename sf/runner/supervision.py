@@ -192,12 +192,13 @@ def _release_fork_server() -> None:
     import multiprocessing.forkserver as forkserver
     server = forkserver._forkserver  # private, stable since Python 3.4: the module-level ForkServer
     fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None and server._forkserver_pid is None:  # a forked child (the runner knows the server's pid)
+    # a forked child (the runner knows the server's pid)
+    if fd is not None and getattr(server, "_forkserver_pid", None) is None:
         try:
             os.close(fd)
         except OSError:
             pass
-        server._forkserver_alive_fd = None
+        setattr(server, "_forkserver_alive_fd", None)
 
 
 def _on_sigterm(unwind: bool, signum, frame) -> None:

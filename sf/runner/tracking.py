@@ -37,6 +37,11 @@ import psutil
 from sf.cfg import ConfigError
 from sf.utils.files import error_line, write_text_atomic
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 log = logging.getLogger("sf")
 RUN_ID_FILE = "wandb_run_id"
 STEP_KEY = "global_step"
@@ -45,11 +50,11 @@ QUEUE_ROWS = 10_000  # rows waiting for the logging thread; more means wandb is 
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def enabled(cfg) -> bool:
+def enabled(cfg: Config) -> bool:
     return bool(cfg.with_wandb)
 
 
-def check(cfg) -> None:
+def check(cfg: Config) -> None:
     """With --with_wandb, wandb must import: otherwise one line (ConfigError, exit code 2) before anything runs."""
     if not enabled(cfg):
         return
@@ -65,7 +70,7 @@ def check(cfg) -> None:
                           "(pip install wandb)") from None
 
 
-def start(cfg, exp_dir: Path) -> WandbTracker | None:
+def start(cfg: Config, exp_dir: Path) -> WandbTracker | None:
     """wandb.init for this run (when --with_wandb), or None. Call it in the runner once the experiment directory exists,
     before the worker processes start (the runner then counts wandb's service process as its own, not an orphan).
     A failure (no network, not logged in, ...) is one warning: the run trains with TensorBoard only."""
@@ -164,7 +169,7 @@ class WandbTracker:
             log.warning("W&B logging failed (%s); training goes on with TensorBoard only", reason)
 
 
-def _run_id(cfg, exp_dir: Path) -> str:
+def _run_id(cfg: Config, exp_dir: Path) -> str:
     """The W&B run id of this experiment directory: read from EXP/wandb_run_id, or made and written there."""
     path = exp_dir / RUN_ID_FILE
     try:

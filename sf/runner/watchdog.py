@@ -20,6 +20,11 @@ from sf.processes.control import kill_tree
 from sf.runner.healing import process_kind
 from sf.runner.supervision import Silence, read_stack
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 log = logging.getLogger("sf")
 # A process still starting (making and resetting its envs: a VizDoom engine took > 5 s to start on a loaded 2-core VM)
 # is stuck only after this long, even with a shorter --stall_timeout_sec
@@ -35,7 +40,7 @@ PEER_WAIT_GRACE_SEC = 30.0
 
 
 class StallWatchdog:
-    def __init__(self, cfg, state, world, procs: dict, stack_files: dict[str, int], causes: dict[str, str],
+    def __init__(self, cfg: Config, state, world, procs: dict, stack_files: dict[str, int], causes: dict[str, str],
                  drain_reports: Callable[[], None]):
         """The runner's: procs (name -> process), stack_files (name -> descriptor of its stack-dump file, filled by
         drain_reports, which reads the report queue) and causes (name -> how it failed, for its restart line)."""
@@ -96,7 +101,7 @@ class StallWatchdog:
             self.state.beat_all()
         self.last_watch = now
 
-    def _judge(self, name: str, p, timeout: float) -> tuple | None:
+    def _judge(self, name: str, p, timeout: float) -> tuple[float, float, str, bool, Silence] | None:
         """(idle, limit, allowed, busy, silence) if `name` is stuck; None if it beat lately, is silent for less than its
         limit, computes within its grace, or waits for a CPU (starved: warned once)."""
         idle = self.state.seconds_since_beat(name)

@@ -39,11 +39,16 @@ from sf.model.action_spaces import ACTION_MASK_KEY, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic, run_precision
 from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 PACED_POLL_SEC = 0.002  # how often a paused policy worker looks whether its learner took a batch
 
 
 class PolicyWorker:
-    def __init__(self, cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device: str,
+    def __init__(self, cfg: Config, obs_space, action_space, buffers, env_slots, queues, shared_weights, device: str,
                  worker_idx: int = 0, policy_id: int = 0, shared_state=None):
         """queues.policy: this policy's request queue; queues.workers: every rollout worker's reply queue;
         shared_weights: this policy's. env_slots: [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy).
@@ -244,7 +249,7 @@ class PolicyWorker:
         return tuple(torch.cat(parts)[:b] for parts in zip(*outs))
 
 
-def run_policy_worker(cfg, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights,
+def run_policy_worker(cfg: Config, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights,
                       shared_state, device, policy_id: int = 0) -> None:
     """Process entry: `--policy_worker_torch_threads` threads; on a CPU device at the rollout workers' priority (nice
     +5), below the learner's: the learner is the costliest stage on a CPU and every frame waits for it, while a policy

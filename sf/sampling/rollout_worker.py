@@ -61,6 +61,11 @@ from sf.processes.slot_ledger import CENSUS_PAUSE_SEC, SlotLedger
 from sf.seeding import ENV, action_noise_rng, run_seed, stream_seed
 from sf_envs.registry import env_spec, make_env
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sf.cfg.config import Config
+
 log = logging.getLogger(__name__)
 
 
@@ -70,7 +75,7 @@ class EnvRestartLimit(RuntimeError):
 
 
 class RolloutWorker:
-    def __init__(self, cfg, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state,
+    def __init__(self, cfg: Config, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state,
                  on_starved: Optional[Callable[[], None]] = None):
         """queues.policy / queues.learner: one queue per policy (a single queue: a one-policy run). env_slots
         [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy). on_starved: called while no free slot is
@@ -126,7 +131,7 @@ class RolloutWorker:
         self.rnn_np = buffers.rnn_states.numpy()
         self.policy_ids_np = buffers.policy_ids.numpy()
 
-    def _bind_shared_state(self, cfg, shared_state, env_slots: torch.Tensor) -> None:
+    def _bind_shared_state(self, cfg: Config, shared_state, env_slots: torch.Tensor) -> None:
         """The group intervals (hts/ppo), the request epoch, this worker's slot bookkeeping in SharedState, its row of
         env_slots and its heartbeat."""
         worker_idx = self.worker_idx
@@ -151,7 +156,7 @@ class RolloutWorker:
         self.shaping_keys = tuple(getattr(shared_state, "shaping_keys", ()))
         self.agent_shaping: list = [None] * self.num_agents  # coefficients last given to each agent's env
 
-    def _make_envs(self, cfg, shared_state) -> None:
+    def _make_envs(self, cfg: Config, shared_state) -> None:
         """Make this worker's envs (a heartbeat before each: a game may take long to start)."""
         self.envs = []
         try:
@@ -224,8 +229,9 @@ class RolloutWorker:
                 self.env_slots_np[self.worker_idx, i, 2] = p
         if self.shaping_keys:
             coeffs = tuple(self.state.shaping_np[self.policy[i]].tolist())
-            if coeffs != self.agent_shaping[i] and hasattr(self.envs[i // self.A], "set_reward_shaping"):
-                self.envs[i // self.A].set_reward_shaping(dict(zip(self.shaping_keys, coeffs)), agent=i % self.A)
+            set_shaping = getattr(self.envs[i // self.A], "set_reward_shaping", None)
+            if coeffs != self.agent_shaping[i] and set_shaping is not None:
+                set_shaping(dict(zip(self.shaping_keys, coeffs)), agent=i % self.A)
                 self.agent_shaping[i] = coeffs
 
     def _next_slot(self, i: int, interval: int) -> int:
@@ -468,7 +474,7 @@ class RolloutWorker:
                 pass
 
 
-def run_rollout_worker(cfg, worker_idx, buffers, env_slots, queues, shared_state, core) -> None:
+def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shared_state, core) -> None:
     """Process entry: lower priority than policy workers and learner, pinned to one core, one thread. Its envs may be
     processes of their own (VizDoom engines): however this worker ends, they end with it."""
     from sf.processes.control import add_leftover_hook, kill_descendants, limit_threads, runner_alive, set_affinity

@@ -10,7 +10,7 @@ import os
 import tempfile
 from collections import deque
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import cv2
 import gymnasium as gym
@@ -219,7 +219,7 @@ class DoomEnv(gym.Env):
                 raise ValueError(f"--doom_bots_difficulty must be in 0..100 (got {diff})")
             self.bots_difficulty = None if diff is None else int(diff)
 
-        self.game = None
+        self.game: Any = None  # vizdoom.DoomGame once started (vizdoom ships no type information)
         self._rng_seed = derive_seed(cfg_seed(cfg), env_index)
         self._restart_steps = int(get_param(cfg, "doom_restart_engine_steps"))
         self._engine_steps = 0  # agent steps of the running engine
