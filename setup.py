@@ -24,7 +24,8 @@ setup(
     description="High-throughput asynchronous actor-learner RL (Sample Factory architecture, APPO)",
     packages=find_packages(include=["sf", "sf.*", "sf_envs", "sf_envs.*"]) + ["sf_configs"],
     package_dir={"sf_configs": "configs"},  # configs/ stays at the top of the clone; installed as sf_configs/*.json
-    package_data={"sf_configs": ["*.json"]},
+    # (config.pyi: Config's fields for the type checkers and IDEs of an installed copy too)
+    package_data={"sf_configs": ["*.json"], "sf.cfg": ["config.pyi"]},
     ext_modules=[cqueue],
     entry_points={"console_scripts": ["sf-train = sf.train:main", "sf-enjoy = sf.enjoy:main"]},
     python_requires=">=3.9",
