@@ -4,7 +4,7 @@
 For the model of --env (default doom_battle: configs/doom.json, convnet_simple on [3, 72, 128] frames plus the
 measurements MLP, GRU 512, 5 action heads):
 
-- all-reduce: 2 ranks (spawned processes) on gloo over 127.0.0.1 run sf.distributed.GradientAllReduce on the
+- all-reduce: 2 ranks (spawned processes) on gloo over 127.0.0.1 run sf.learning.collectives.GradientAllReduce on the
   model's gradients (one flat buffer: copy in, all_reduce SUM, divide, copy back), --steps times after --warmup;
   the ranks meet at a barrier before each call so that the time is the all-reduce's, not one rank waiting for
   the other; per call the slower rank's time counts. The bare dist.all_reduce of the buffer is timed too.
@@ -92,7 +92,8 @@ def _free_port() -> int:
 def _allreduce_rank(rank: int, port: int, cfg, obs_space, action_space, warmup: int, steps: int, results) -> None:
     import torch.distributed as dist
 
-    from sf.distributed import GradientAllReduce, World, init_learner_group
+    from sf.learning.collectives import GradientAllReduce, init_learner_group
+    from sf.processes.ranks import World
     torch.set_num_threads(1)
     init_learner_group(World(rank=rank, world_size=2, local_rank=rank, local_world_size=2, master_addr="127.0.0.1",
                              master_port=port), "cpu", timeout_sec=120)

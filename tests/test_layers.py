@@ -15,7 +15,7 @@ LAYERS = [
     {"sf.cfg"},
     {"sf.model"},
     {"sf.buffers"},
-    {"sf.learning", "sf.sampling", "sf.distributed"},
+    {"sf.learning", "sf.sampling"},
     {"sf.policy_loading"},
     {"sf.runner", "sf.enjoy", "sf.train", "sf.plot", "sf.eval", "sf.export", "sf.card", "sf.import_sf",
      "sf.autolayout", "sf.launch"},

@@ -80,7 +80,7 @@ class APPO:
     def __init__(self, model: torch.nn.Module, cfg: Config, device, policy_id: int = 0,
                  grad_hook: Optional[Callable[[], None]] = None, frames_per_sample: float = 1.0):
         """`grad_hook()`: called after every backward, before gradient clipping and the optimizer step (e.g.
-        sf.distributed.GradientAllReduce: data-parallel learners average their gradients there; the KL-adaptive
+        sf.learning.collectives.GradientAllReduce: data-parallel learners average their gradients there; the KL-adaptive
         learning rate then follows the KL of all ranks' minibatches, so that every rank keeps the same rate).
         frames_per_sample: env frames one sample stands for in the run's progress (frameskip x data-parallel ranks):
         how far an SGD step moves the linear decay of the learning rate."""
@@ -208,7 +208,7 @@ class APPO:
         # (device scalars: the one host read of a step these schedules need)
         kl, num_valid = float(kl), float(num_valid)
         if self.grad_hook is not None:
-            from sf.distributed import gather_rows  # (no process group: this rank's own row)
+            from sf.learning.collectives import gather_rows# (no process group: this rank's own row)
             rows = gather_rows(torch.tensor([kl * num_valid, num_valid], dtype=torch.float64, device=self.device),
                                what="the KL-adaptive learning rate's KL gather")
             kl, num_valid = float(rows[:, 0].sum()), float(rows[:, 1].sum())

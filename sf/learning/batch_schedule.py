@@ -14,7 +14,7 @@ after the batch that reaches it: the same seed and config give the same weights.
 """
 from __future__ import annotations
 
-from sf import distributed
+from sf.learning import collectives
 from sf.learning.phase_timing import LAPS
 from sf.processes.control import runner_alive
 from sf.seeding import deterministic_kernels
@@ -81,7 +81,7 @@ class AsyncSchedule:
                         break
                 if experience is not None:
                     learner.train(experience)
-        except distributed.DistributedError:
+        except collectives.DistributedError:
             learner.save(final=True)  # rank 0: the weights of the last step every rank made
             raise
         finally:

@@ -24,14 +24,14 @@ slots again for its replacement. A batch copied out has left shared memory (its 
 learner copied out and had not finished training (one training, one waiting: at most two) are lost, and counted
 (SharedState.released - frames trained).
 
-Data-parallel learners (torchrun, sf/distributed.py): the learners of all ranks form one process group. At start rank
-0's weights are broadcast (a resumed run: every rank loaded the same checkpoint, checked exactly); every SGD step
-averages the gradients over the ranks (APPO's grad_hook) and every normalizer update merges every rank's batch moments,
-so every rank holds the same weights and statistics at every moment, whether or not a step ran; before each training
-batch the learners agree (one small all-reduce) whether to go on and sum their frame counters, so they train the same
-number of batches and stop at the same boundary. Only rank 0 writes: checkpoints, and files that fail verification
-moved to rejected/ (the other ranks read the directory only). A collective that fails (a peer died) stops the run, with
-a checkpoint from rank 0.
+Data-parallel learners (torchrun, sf/learning/collectives.py): the learners of all ranks form one process group. At
+start rank 0's weights are broadcast (a resumed run: every rank loaded the same checkpoint, checked exactly); every SGD
+step averages the gradients over the ranks (APPO's grad_hook) and every normalizer update merges every rank's batch
+moments, so every rank holds the same weights and statistics at every moment, whether or not a step ran; before each
+training batch the learners agree (one small all-reduce) whether to go on and sum their frame counters, so they train
+the same number of batches and stop at the same boundary. Only rank 0 writes: checkpoints, and files that fail
+verification moved to rejected/ (the other ranks read the directory only). A collective that fails (a peer died) stops
+the run, with a checkpoint from rank 0.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ import time
 
 import torch
 
-from sf import distributed
+from sf.learning import collectives
+from sf.processes import ranks
 from sf.cfg.shape import RunShape
 from sf.learning.appo import APPO, cfg_hyperparams
 from sf.learning.batch_schedule import schedule_class
@@ -97,7 +98,7 @@ def model_options(cfg: Config) -> dict:
 class Learner:
     def __init__(self, cfg: Config, obs_space, action_space, buffers, queues, shared_weights, shared_state, device,
                  exp_dir, frameskip: int, shape: RunShape | None = None, policy_id: int = 0,
-                 all_weights: list | None = None, replacement: bool = False, world: distributed.World | None = None):
+                 all_weights: list | None = None, replacement: bool = False, world: ranks.World | None = None):
         """frameskip: env frames per env step (the env's spec: the learner counts frames, it knows no env); shape: the
         run's sizes (sf/cfg/shape.py: agents, trajectories per batch), the runner's; None: those of a single-agent env.
         queues.learner: this policy's queue; all_weights: every policy's SharedWeights (PBT copies).
@@ -117,15 +118,15 @@ class Learner:
         if self.model.compute_dtype is not None and policy_id == 0:
             log.info("The observation encoder computes in bfloat16 "
                      "(--precision %s; float32 weights, RNN, heads and losses)", cfg.precision)
-        self.world = world or distributed.World()
+        self.world = world or ranks.World()
         # (a population under torchrun: this policy lives on this rank alone, its learner trains as on one machine)
         self.data_parallel = self.world.data_parallel(cfg.num_policies)
         grad_hook = None
         if self.data_parallel:
-            distributed.init_learner_group(self.world, self.device, cfg.distributed_timeout_sec)
-            distributed.abort_waits_on_stop(shared_state.stopping)  # (NCCL: a dead peer's collective never ends)
-            grad_hook = distributed.GradientAllReduce(self.model.parameters())
-            distributed.share_normalizer_statistics(self.model)  # the union batch's statistics on every rank
+            collectives.init_learner_group(self.world, self.device, cfg.distributed_timeout_sec)
+            collectives.abort_waits_on_stop(shared_state.stopping)  # (NCCL: a dead peer's collective never ends)
+            grad_hook = collectives.GradientAllReduce(self.model.parameters())
+            collectives.share_normalizer_statistics(self.model)  # the union batch's statistics on every rank
         self.grad_allreduce = grad_hook  # (its time, reported at the end: what the ranks' lockstep costs)
         self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook,
                          frames_per_sample=frameskip * self.ranks_training)  # (the run's frames: linear decay)
@@ -224,15 +225,15 @@ class Learner:
         optimizer, schedules, counters: a rank never reads another's files, so no shared filesystem is needed), then
         from rank 0's weights at the same version and trained frames (checked)."""
         state = self._load_checkpoint() if self.world.rank == 0 else None
-        state = distributed.broadcast_object(state)
+        state = collectives.broadcast_object(state)
         if state is not None and self.world.rank > 0:
             self._resume_from(state)
-        lo, hi = distributed.agree_range([self.version, self.env_steps])  # exact, whatever the magnitude
+        lo, hi = collectives.agree_range([self.version, self.env_steps])  # exact, whatever the magnitude
         if lo != hi:
-            raise distributed.DistributedError(
+            raise collectives.DistributedError(
                 f"rank {self.world.rank} resumed from policy version {self.version} ({self.env_steps} env frames), the "
                 f"ranks from versions {lo[0]}..{hi[0]} ({lo[1]}..{hi[1]} env frames)")
-        distributed.broadcast_state(self.model)
+        collectives.broadcast_state(self.model)
 
     def save(self, final: bool = False) -> None:
         if not self.writes:  # data-parallel: rank 0 writes the checkpoints, every rank holds the same weights
@@ -372,7 +373,7 @@ class Learner:
         """Data-parallel: before a training batch (or at a stop request), the ranks learn whether any of them stops,
         and their summed frame counters (the run's totals, which the runner reports and budgets on)."""
         collected = int(self.state.worker_frames.sum())
-        stops, trained, collected = distributed.agree([int(stopping), self.env_steps, collected])
+        stops, trained, collected = collectives.agree([int(stopping), self.env_steps, collected])
         self.state.beat(self.heartbeat)  # the wait for a slow peer ended: the next beat's wait starts from here
         self.state.world_frames[:] = torch.tensor([trained, collected], dtype=torch.float64)  # (exact below 2^53)
         return stops == 0
@@ -417,5 +418,5 @@ def run_learner(cfg: Config, obs_space, action_space, buffers, queues, shared_we
     bind_device(device)
     limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                      frameskip, shape, policy_id, all_weights, replacement, distributed.world_from_env())
+                      frameskip, shape, policy_id, all_weights, replacement, ranks.world_from_env())
     learner.run()

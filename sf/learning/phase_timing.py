@@ -80,7 +80,7 @@ class PhaseTimer:
                 "phases": {k: {"wall": w, "cpu": c, "count": n, "thread": t}
                            for k, (w, c, n, t) in list(self.phases.items())}}
         path = self.path if policy_id == 0 else f"{self.path}.p{policy_id}"
-        rank = int(os.environ.get("RANK") or 0)  # (validated at the run's start: sf.distributed.world_from_env)
+        rank = int(os.environ.get("RANK") or 0)  # (validated at the run's start: sf.processes.ranks.world_from_env)
         path = path if rank == 0 else f"{path}.rank{rank}"
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:  # replaced whole: a reader never sees half a file

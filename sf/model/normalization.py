@@ -3,7 +3,7 @@ and the shared weights that policy workers load).
 
 Only the learner updates them (`update`), from whole training batches, before its forward pass; every
 other process only applies them (`normalize` / `denormalize`). Data-parallel learners merge every rank's batch moments
-at each update (`gather_moments`, set by sf.distributed.share_normalizer_statistics).
+at each update (`gather_moments`, set by sf.learning.collectives.share_normalizer_statistics).
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ is a view of one shared storage (sf.utils.packed), so that a process receiving t
                                     Factory's stop_experience_collection): experience is not gathered far ahead of the
                                     weights that will train on it (policy lag)
     world_frames    [2]     float64 data-parallel runs (torchrun): env frames trained and collected by all ranks, as the
-                                    learners last agreed (sf/distributed.py); zeros otherwise
+                                    learners last agreed (sf/learning/collectives.py); zeros otherwise
     heartbeats      [X]     float64 time.monotonic() of each process's last sign of life (learners, policy workers,
                                     rollout workers): the runner's watchdog for a process stuck in a call that never
                                     returns (an env engine that hangs), which no exception or exit code reveals

@@ -1,6 +1,6 @@
 """Population-based training across torchrun's ranks (--num_policies N --with_pbt under torchrun, the policies placed:
-policy p on rank p mod world size, sf/distributed.py). Rank 0's PopulationControl decides for all N policies as on one
-machine (sf/runner/population.py); what it needs from the other ranks, and what they need of its decisions, travels
+policy p on rank p mod world size, sf/processes/ranks.py). Rank 0's PopulationControl decides for all N policies as on
+one machine (sf/runner/population.py); what it needs from the other ranks, and what they need of its decisions, travels
 through torchrun's own store (the agent of the first node serves it), as JSON values under keys of this run:
 
     figures/<rank>          each rank, about every second: its policies' trained frames and episode averages
@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from sf import distributed
+from sf.processes import ranks
 from sf.cfg import RunError
 from sf.runner.population import PopulationControl, apply_decisions, fill_shared, request_copy
 from sf.utils.files import first_line
@@ -39,7 +39,7 @@ PERIOD_SEC = 1.0  # how often a rank sends its figures and looks for decisions
 
 
 class PopulationLink:
-    def __init__(self, world: distributed.World, num_policies: int, weights: list, make_model: Callable,
+    def __init__(self, world: ranks.World, num_policies: int, weights: list, make_model: Callable,
                  timeout_sec: float, state=None, control: PopulationControl | None = None):
         """weights: every policy's SharedWeights in this rank; make_model: a model of the run (a scratch copy for the
         weights that travel). With `state` (this rank's SharedState, before any process starts): start() too, and
@@ -47,7 +47,7 @@ class PopulationLink:
         self.world, self.num_policies, self.weights, self.make_model = world, num_policies, weights, make_model
         self.mine = set(world.policies(num_policies))
         try:
-            self.store = distributed.agent_store(world, timeout_sec)
+            self.store = ranks.agent_store(world, timeout_sec)
         except RuntimeError as e:  # (DistNetworkError: a RunError, not "cannot allocate the run's shared memory")
             raise RunError(f"rank {world.rank}: cannot reach torchrun's store at {world.master_addr}:"
                            f"{world.master_port} for PBT across ranks: {first_line(e)}") from None

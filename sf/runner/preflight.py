@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from sf import distributed
+from sf.processes import ranks
 from sf.buffers.trajectory_buffers import obs_bytes, shm_available_bytes, shm_used_bytes
 from sf.cfg import Config, ConfigError, RunError, experiment_dir
 from sf.cfg.shape import num_envs
@@ -91,14 +91,14 @@ def report_background_errors() -> None:
     logging.raiseExceptions = False
 
 
-def data_parallel_world(cfg: Config) -> tuple[Config, distributed.World]:
-    """This process's rank when torchrun started it (sf/distributed.py: the learners of all ranks average their
+def data_parallel_world(cfg: Config) -> tuple[Config, ranks.World]:
+    """This process's rank when torchrun started it (sf/learning/collectives.py: the learners of all ranks average their
     gradients, or a population's policies are placed on the ranks); one rank otherwise. Refuses what runs under
     torchrun do not support, gives the rank its share of the
     machine's cores (ranks of one machine split them) and, past rank 0, streams of its own for envs, actions and
     minibatches (the weights are rank 0's, broadcast at start). Returns (the rank's cfg, world)."""
     try:
-        world = distributed.world_from_env()
+        world = ranks.world_from_env()
     except ValueError as e:
         raise ConfigError(f"torchrun's environment: {e}") from None
     if not world.distributed:
@@ -251,7 +251,7 @@ def check_memory(cfg: Config, buffer_bytes: int, model_bytes: int, env_bytes: in
                           "--policy_workers_per_policy or --batch_size")
 
 
-def check_checkpoint(cfg: Config, exp_dir: Path, meta: dict, world: distributed.World) -> list[tuple[int, int]]:
+def check_checkpoint(cfg: Config, exp_dir: Path, meta: dict, world: ranks.World) -> list[tuple[int, int]]:
     """Before anything is written: the checkpoint to resume from must fit this env and model (meta: checkpoint_meta of
     this run's model), and have been trained by as many data-parallel ranks. Returns each policy's checkpoint as
     (version, frames); (0, 0) where there is none, and for every policy unless --restart_behavior resume."""
@@ -278,19 +278,19 @@ def check_checkpoint(cfg: Config, exp_dir: Path, meta: dict, world: distributed.
     return resumed
 
 
-def already_trained(cfg: Config, resumed: list[tuple[int, int]], world: distributed.World) -> bool:
+def already_trained(cfg: Config, resumed: list[tuple[int, int]], world: ranks.World) -> bool:
     """A resumed experiment whose checkpoints reached --train_for_env_steps already (every policy's; with torchrun,
     all ranks' frames together, each rank having trained as many as rank 0's checkpoint records)."""
     trained = (world.world_size if world.data_parallel(cfg.num_policies) else 1) * min(steps for _, steps in resumed)
     return cfg.restart_behavior == "resume" and trained >= cfg.train_for_env_steps
 
 
-def nothing_to_train(cfg: Config, resumed: list[tuple[int, int]], world: distributed.World, exp_dir: Path) -> int:
+def nothing_to_train(cfg: Config, resumed: list[tuple[int, int]], world: ranks.World, exp_dir: Path) -> int:
     """A finished experiment resumed with the same budget: start nothing, write nothing (no checkpoint re-saved, no
     best relabelled, no config.json, log or event file); say so with the experiment's counters (rank 0: to the other
     ranks too). Exit code 0."""
     if world.rank == 0:
-        distributed.publish_start(world, 0, "nothing to train: the experiment reached --train_for_env_steps "
+        ranks.publish_start(world, 0, "nothing to train: the experiment reached --train_for_env_steps "
                                   f"{cfg.train_for_env_steps} already", cfg.distributed_timeout_sec)
     if cfg.num_policies > 1:
         counters = (f"policy versions {', '.join(str(v) for v, _ in resumed)}; env frames "
@@ -307,26 +307,26 @@ def nothing_to_train(cfg: Config, resumed: list[tuple[int, int]], world: distrib
 
 
 @contextlib.contextmanager
-def telling_other_ranks(world: distributed.World, timeout_sec: float):
+def telling_other_ranks(world: ranks.World, timeout_sec: float):
     """Rank 0's start-up (torchrun): if it raises before the run starts, the other ranks get its exit code (bad input
-    2, Ctrl-C 130, else 1) and its line (distributed.publish_start; once the run started, they already know)."""
+    2, Ctrl-C 130, else 1) and its line (ranks.publish_start; once the run started, they already know)."""
     try:
         yield
     except BaseException as e:
         if world.distributed:
             code = 2 if isinstance(e, ConfigError) else 130 if isinstance(e, KeyboardInterrupt) else 1
-            distributed.publish_start(world, code, first_line(e, limit=None), timeout_sec)
+            ranks.publish_start(world, code, first_line(e, limit=None), timeout_sec)
         raise
 
 
-def follow_rank0(cfg: Config, world: distributed.World, resumed: list[tuple[int, int]], exp_dir: Path) -> int | None:
+def follow_rank0(cfg: Config, world: ranks.World, resumed: list[tuple[int, int]], exp_dir: Path) -> int | None:
     """Ranks > 0: None to train (a population's: check_rank_directory first), else the exit code to end with: its own
     files show the budget reached (a shared filesystem), or rank 0 stopped (its line is repeated here: 0 is logged, 2
     raises ConfigError, others RunError)."""
     if already_trained(cfg, resumed, world):
         return nothing_to_train(cfg, resumed, world, exp_dir)
     try:
-        verdict = distributed.await_start(world, cfg.distributed_timeout_sec)
+        verdict = ranks.await_start(world, cfg.distributed_timeout_sec)
     except RuntimeError as e:
         raise RunError(str(e)) from None
     if verdict is None:
@@ -339,7 +339,7 @@ def follow_rank0(cfg: Config, world: distributed.World, resumed: list[tuple[int,
     raise (ConfigError if code == 2 else RunError)(f"rank 0 did not start the run: {line}")
 
 
-def check_rank_directory(cfg: Config, world: distributed.World, exp_dir: Path) -> None:
+def check_rank_directory(cfg: Config, world: ranks.World, exp_dir: Path) -> None:
     """Past rank 0, a population's new run (not --restart_behavior resume): this rank writes its policies' checkpoints
     into its own experiment directory, which rank 0 moved aside or deleted only if the filesystem is shared. One left
     from an earlier run would be resumed from later: refused in one line (called once rank 0 started the run)."""

@@ -29,7 +29,7 @@ import traceback
 import psutil
 import torch
 
-from sf import distributed
+from sf.processes import ranks
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
@@ -99,7 +99,7 @@ def run_training(cfg: Config) -> int:
                 setup_logging(exp_dir, early)
             except OSError as e:
                 raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
-            distributed.publish_start(world, timeout_sec=cfg.distributed_timeout_sec)
+            ranks.publish_start(world, timeout_sec=cfg.distributed_timeout_sec)
             return runner.run()
         finally:  # (a process of the run that could not be killed still holds it: its file stays, locked)
             runner.lock.release(remove=not any(p.is_alive() for p in getattr(runner, "procs", {}).values()))
@@ -109,12 +109,12 @@ class Runner:
     stopping_note = "stopping (final checkpoint)"  # the console line of a first Ctrl-C / SIGTERM
     poll_sec = 0.1  # the supervision loop's period
 
-    def __init__(self, cfg: Config, world: distributed.World | None = None):
+    def __init__(self, cfg: Config, world: ranks.World | None = None):
         """Checks only (sf/runner/preflight.py): the env runs, then _check_policies (the model fits the checkpoint to
         resume, the run fits in memory). Nothing is written or allocated here (build() does that when the run starts).
         world: torchrun's ranks (one by default)."""
         self.cfg, self.exp_dir = cfg, experiment_dir(cfg)
-        self.world = world or distributed.World()
+        self.world = world or ranks.World()
         add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
         self.device = resolve_device(cfg)
         self.spec = env_spec(cfg.env, cfg)

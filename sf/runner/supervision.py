@@ -30,7 +30,7 @@ from multiprocessing.reduction import ForkingPickler
 from sf.processes.control import (RUNNER_PID_VAR, ParentDied, _raise_parent_died, die_with_parent, forked_from_cuda,
                                  kill_processes, runner_alive, set_parent, set_process_name)
 
-# torchrun (data-parallel ranks, sf/distributed.py): every line names its rank
+# torchrun (data-parallel ranks, sf/processes/ranks.py): every line names its rank
 _RANK = f"[rank {os.environ.get('RANK', '0')}]" if os.environ.get("WORLD_SIZE", "1") != "1" else ""
 LOG_FORMAT = f"[%(asctime)s][%(process)d]{_RANK}[%(levelname)s] %(message)s"
 LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"

@@ -20,7 +20,7 @@ A sink is a part of its worker: it reads and writes the worker's arrays (slots, 
 """
 from __future__ import annotations
 
-from sf.distributed import world_from_env
+from sf.processes.ranks import world_from_env
 from sf.model.action_spaces import draw_action_noise
 from sf.sampling.evaluation import EVAL_REPORT, EvalEpisodes
 from sf.sampling.policy_mapping import PolicyMapping

@@ -25,7 +25,7 @@ requests and finished trajectories by the answer. Modes (--policy_mapping):
 - fixed: agent a of global env g is controlled by policy (g * num_agents + a) % num_policies, forever: every policy
   gets the same share of the agents, deterministically (evaluation, throughput benchmarks, seeded runs).
 
-A population placed on several ranks (torchrun, sf/distributed.py): each rank's mapping draws from its own policies
+A population placed on several ranks (torchrun, sf/processes/ranks.py): each rank's mapping draws from its own policies
 only (`policies`), by the same rules over that smaller population, so a match never mixes policies of two ranks.
 
 A change of policy happens only at an agent's own episode start, so an episode is played by one policy. Episodes do not

@@ -12,8 +12,9 @@ import torch
 import torch.multiprocessing  # noqa: F401  (CUDA tensors pickled to a spawned process travel as CUDA IPC handles)
 
 import test_distributed as dp  # tests/learning/test_distributed.py
-from sf import distributed
-from sf.distributed import GradientAllReduce, check_identical_weights, init_learner_group, share_normalizer_statistics
+from sf.learning import collectives
+from sf.learning.collectives import (GradientAllReduce, check_identical_weights, init_learner_group,
+                                     share_normalizer_statistics)
 from sf.learning.appo import APPO
 from sf.learning.checkpoint import weights_sha256
 
@@ -41,13 +42,13 @@ def _nccl_one_rank(rank, port, out_dir):
     model.cuda()
     share_normalizer_statistics(model)
     before = weights_sha256(model)
-    distributed.broadcast_state(model)
+    collectives.broadcast_state(model)
     after_broadcast = weights_sha256(model)
     appo = APPO(model, cfg, "cuda")
     stats = appo.train(on_gpu(exp), policy_version=0)
-    result = {"backend": dist.get_backend(), "device": str(distributed.collective_device(dist.get_backend())),
-              "sums": distributed.agree([big, 1]), "range": distributed.agree_range([big + 1, 7]),
-              "rows": distributed.gather_rows(torch.tensor([3.0, 4.0], device="cuda")).cpu(),
+    result = {"backend": dist.get_backend(), "device": str(collectives.collective_device(dist.get_backend())),
+              "sums": collectives.agree([big, 1]), "range": collectives.agree_range([big + 1, 7]),
+              "rows": collectives.gather_rows(torch.tensor([3.0, 4.0], device="cuda")).cpu(),
               "broadcast_kept": before == after_broadcast, "steps": len(stats),
               "count": float(model.encoder.obs_normalizer.count)}
     try:  # what the learners' agreement did before it went through collective_device

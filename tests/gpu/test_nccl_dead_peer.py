@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import test_distributed as dp  # tests/learning/test_distributed.py
-from sf.distributed import BLOCKING_WAIT_VARS, NCCL_ABORT_MARGIN_SEC, GradientAllReduce, init_learner_group
+from sf.learning.collectives import BLOCKING_WAIT_VARS, NCCL_ABORT_MARGIN_SEC, GradientAllReduce, init_learner_group
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +21,7 @@ N = 1 << 20  # floats all-reduced: 4 MiB
 
 
 def _dead_peer_rank(rank, port, out_dir):
-    for var in BLOCKING_WAIT_VARS:  # the configuration under test is sf.distributed's, not this machine's
+    for var in BLOCKING_WAIT_VARS:  # the configuration under test is sf.learning.collectives', not this machine's
         os.environ.pop(var, None)
     init_learner_group(dp.world(rank, port), "cuda", timeout_sec=TIMEOUT)  # cuda:rank
     params = [torch.nn.Parameter(torch.zeros(N, device="cuda"))]

@@ -1,4 +1,5 @@
-"""sf.distributed with real processes: 2 ranks on gloo over 127.0.0.1 (spawned; no mocks).
+"""sf.learning.collectives (and sf.processes.ranks) with real processes: 2 ranks on gloo over 127.0.0.1 (spawned; no
+mocks).
 
 Each rank writes what it saw to a file in tmp_path (torch.save) that the test reads after both exit; a rank's
 exception is written there too, so a failure shows the rank's traceback.
@@ -18,9 +19,10 @@ from gymnasium import spaces
 
 from e2e_helpers import free_port
 from model_test_helpers import VECTOR_OBS, make_cfg, random_experience
-from sf import distributed
-from sf.distributed import (GradientAllReduce, World, check_identical_weights, collective_device, init_learner_group,
-                            share_normalizer_statistics, world_from_env)
+from sf.learning import collectives
+from sf.learning.collectives import (GradientAllReduce, check_identical_weights, collective_device, init_learner_group,
+                                     share_normalizer_statistics)
+from sf.processes.ranks import World, world_from_env
 from sf.learning.appo import APPO
 from sf.learning.checkpoint import weights_sha256
 from sf.model.actor_critic import create_actor_critic
@@ -337,8 +339,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
 
 
 def _devices_rank(rank, port, out_dir):
-    """Every collective of sf.distributed, with torch.distributed's collectives wrapped to record the devices and
-    dtypes of the tensors they were given (the real collectives run)."""
+    """Every collective of sf.learning.collectives, with torch.distributed's collectives wrapped to record the devices
+    and dtypes of the tensors they were given (the real collectives run)."""
     import torch.distributed as dist
     init_learner_group(world(rank, port), "cpu", timeout_sec=60)
     seen = []
@@ -351,15 +353,15 @@ def _devices_rank(rank, port, out_dir):
             return _real(tensor, *args, **kwargs)
         setattr(dist, name, spy)
     big = 2 ** 60  # float64 holds integers exactly only below 2^53
-    sums = distributed.agree([big + rank, 1])
-    lo, hi = distributed.agree_range([big + rank, 7])
+    sums = collectives.agree([big + rank, 1])
+    lo, hi = collectives.agree_range([big + rank, 7])
     cfg, model, exp = setup(B, normalize_input=True, normalize_returns=True)
     share_normalizer_statistics(model)
-    distributed.broadcast_state(model)
+    collectives.broadcast_state(model)
     appo = APPO(model, cfg, "cpu", grad_hook=GradientAllReduce(model.parameters()))
     appo.train(exp, policy_version=0)
     identical = check_identical_weights(model)
-    rows = distributed.gather_rows(torch.tensor([rank, 10 + rank]))
+    rows = collectives.gather_rows(torch.tensor([rank, 10 + rank]))
     torch.save({"seen": seen, "sums": sums, "lo": lo, "hi": hi, "identical": identical, "rows": rows,
                 "backend": dist.get_backend()}, os.path.join(out_dir, f"rank{rank}.pt"))
 
@@ -474,7 +476,7 @@ def _learner_rank(rank, port, out_dir, exp_dirs):
         learner = Learner(cfg, obs_space, action_space, buffers, queues, weights, state, "cpu", exp_dir, frameskip=1,
                           world=world(rank, port))
         result = {"version": learner.version, "identical": check_identical_weights(learner.model)}
-    except distributed.DistributedError as e:
+    except collectives.DistributedError as e:
         result = {"error": str(e)}
     for q in vars(queues).values():
         q.close()
@@ -508,7 +510,7 @@ def _broadcast_object_rank(rank, port, out_dir):
     init_learner_group(world(rank, port), "cpu", timeout_sec=60)
     mine = {"w": torch.arange(5, dtype=torch.float64) * (rank + 1), "n": torch.tensor([2**40 + rank]),
             "nested": {"name": f"rank {rank}", "none": None}} if rank == 0 else "rank 1's own, never sent"
-    got = [distributed.broadcast_object(mine), distributed.broadcast_object(None if rank == 0 else "ignored")]
+    got = [collectives.broadcast_object(mine), collectives.broadcast_object(None if rank == 0 else "ignored")]
     torch.save(got, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -523,7 +525,7 @@ def test_broadcast_object_sends_rank_0s_state_to_every_rank(tmp_path):
 
 
 def test_a_population_is_placed_policy_p_on_rank_p_mod_world_size_and_one_policy_is_data_parallel():
-    from sf.distributed import World
+    from sf.processes.ranks import World
     assert [World(rank=r, world_size=3).policies(7) for r in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
     assert World(rank=1, world_size=2).policies(1) == [0] and World().policies(4) == [0, 1, 2, 3]
     assert World(rank=1, world_size=2).data_parallel(1) and not World(rank=1, world_size=2).data_parallel(4)
@@ -556,7 +558,7 @@ def test_a_new_population_run_past_rank_0_refuses_its_machines_old_checkpoints(t
     refused in one line naming it; resumed, it is this rank's to resume from; rank 0 and data-parallel ranks: no
     check."""
     from sf.cfg import ConfigError, parse_cfg
-    from sf.distributed import World
+    from sf.processes.ranks import World
     from sf.runner.preflight import check_rank_directory
     exp = tmp_path / "pop"
     (exp / "checkpoint_p3").mkdir(parents=True)

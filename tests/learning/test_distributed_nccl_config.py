@@ -1,8 +1,8 @@
-"""sf.distributed's NCCL configuration, checked without a GPU: torch.distributed's init_process_group and collectives
-are replaced by recorders, torch.cuda.set_device by a no-op, so nothing touches CUDA. What it shows: the NCCL group is
-created in TORCH_NCCL_BLOCKING_WAIT mode unless the user chose otherwise, and every collective on it is waited for in
-the calling thread with the group's timeout, its failure a one-line DistributedError. That such a wait really raises
-in time when a peer dies, and leaves the GPU usable, needs two GPUs: tests/gpu/test_nccl_dead_peer.py.
+"""sf.learning.collectives' NCCL configuration, checked without a GPU: torch.distributed's init_process_group and
+collectives are replaced by recorders, torch.cuda.set_device by a no-op, so nothing touches CUDA. What it shows: the
+NCCL group is created in TORCH_NCCL_BLOCKING_WAIT mode unless the user chose otherwise, and every collective on it is
+waited for in the calling thread with the group's timeout, its failure a one-line DistributedError. That such a wait
+really raises in time when a peer dies, and leaves the GPU usable, needs two GPUs: tests/gpu/test_nccl_dead_peer.py.
 """
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sf import distributed
-from sf.distributed import BLOCKING_WAIT_VARS, DistributedError, GradientAllReduce, World, init_learner_group
+from sf.learning import collectives
+from sf.learning.collectives import BLOCKING_WAIT_VARS, DistributedError, GradientAllReduce, init_learner_group
+from sf.processes.ranks import World
 
 TIMEOUT = 7.0
 WORLD = World(rank=0, world_size=2, local_rank=0, local_world_size=2, master_addr="127.0.0.1", master_port=29555)
@@ -28,8 +29,8 @@ def fake_init(monkeypatch):
     for var in (*BLOCKING_WAIT_VARS, "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(var, "")  # recorded by monkeypatch, so restored even if the code under test sets it
         monkeypatch.delenv(var)
-    monkeypatch.setattr(distributed, "_group_timeout", None)
-    monkeypatch.setattr(distributed, "_stop_requested", None)
+    monkeypatch.setattr(collectives, "_group_timeout", None)
+    monkeypatch.setattr(collectives, "_stop_requested", None)
     calls = []
 
     def init_process_group(**kwargs):
@@ -98,7 +99,7 @@ def fake_nccl_group(fake_init, monkeypatch):
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(distributed, "collective_device", lambda backend: torch.device("cpu"))
+    monkeypatch.setattr(collectives, "collective_device", lambda backend: torch.device("cpu"))
 
     def collective(name):
         def op(*args, group=None, async_op=False, **kwargs):
@@ -115,10 +116,10 @@ def fake_nccl_group(fake_init, monkeypatch):
 
 def test_every_nccl_collective_is_waited_for_with_the_group_timeout(fake_nccl_group):
     log, _, _ = fake_nccl_group
-    assert distributed.agree([3, 4]) == [3, 4]
-    distributed.agree_range([5])
-    distributed.gather_rows(torch.tensor([1.0, 2.0]))
-    distributed.broadcast_state(torch.nn.Linear(2, 2))
+    assert collectives.agree([3, 4]) == [3, 4]
+    collectives.agree_range([5])
+    collectives.gather_rows(torch.tensor([1.0, 2.0]))
+    collectives.broadcast_state(torch.nn.Linear(2, 2))
     params = [torch.nn.Parameter(torch.zeros(3))]
     params[0].grad = torch.ones(3)
     GradientAllReduce(params)()
@@ -149,26 +150,26 @@ def test_a_nccl_wait_is_given_up_once_the_rank_was_asked_to_stop(fake_nccl_group
     timeout already past aborts the communicator and raises), so that the learner writes its final checkpoint in
     time."""
     log, failure, polls = fake_nccl_group
-    monkeypatch.setattr(distributed, "STOP_ABORT_SEC", 0.05)
+    monkeypatch.setattr(collectives, "STOP_ABORT_SEC", 0.05)
     stop = [False]
-    distributed.abort_waits_on_stop(lambda: stop[0])
+    collectives.abort_waits_on_stop(lambda: stop[0])
     polls[0] = 20  # a healthy collective: done after some polls, waited for with the group's timeout
-    assert distributed.agree([1]) == [1]
+    assert collectives.agree([1]) == [1]
     assert log == [("all_reduce", True), ("wait", datetime.timedelta(seconds=TIMEOUT))]
     log.clear()
     polls[0], stop[0] = None, True  # a dead peer: never done; this rank was asked to stop
     failure[0] = "[Rank 0] Work WorkNCCL(SeqNum=3, OpType=ALLREDUCE) timed out in blocking wait"
     t0 = time.monotonic()
     with pytest.raises(DistributedError, match=r"^the learners' per-batch agreement failed on rank 0/2 .*timed out"):
-        distributed.agree([1])
+        collectives.agree([1])
     assert 0.05 <= time.monotonic() - t0 < 5.0
     assert log == [("all_reduce", True), ("wait", datetime.timedelta(milliseconds=1))]
 
 
 def test_a_nccl_wait_runs_to_the_timeout_while_no_stop_was_asked(fake_nccl_group, monkeypatch):
     log, _, polls = fake_nccl_group
-    monkeypatch.setattr(distributed, "STOP_ABORT_SEC", 0.0)
-    distributed.abort_waits_on_stop(lambda: False)
+    monkeypatch.setattr(collectives, "STOP_ABORT_SEC", 0.0)
+    collectives.abort_waits_on_stop(lambda: False)
     polls[0] = 200
-    assert distributed.agree([2]) == [2]
+    assert collectives.agree([2]) == [2]
     assert log == [("all_reduce", True), ("wait", datetime.timedelta(seconds=TIMEOUT))]

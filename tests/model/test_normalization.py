@@ -70,7 +70,7 @@ def test_normalize_raw_frames_as_the_definition():
 
 
 def test_data_parallel_ranks_merge_pixel_moments_to_the_union_batch():
-    """With gather_moments (sf.distributed's collective; here an in-process stand-in returning both ranks' rows in rank
+    """With gather_moments (sf.learning.collectives'; here an in-process stand-in returning both ranks' rows in rank
     order), each rank sends its own batch's row, and both ranks end bitwise alike and equal to one normalizer fed the
     union batch; a rank whose batch is all invalid sends a zero-count row and still merges the other's."""
     halves = [frames(40, seed=3), frames(24, seed=4)]

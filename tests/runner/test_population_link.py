@@ -11,7 +11,7 @@ import torch.distributed as dist
 from e2e_helpers import free_port
 from sf.buffers.shared_weights import SharedWeights
 from sf.cfg import parse_cfg
-from sf.distributed import World
+from sf.processes.ranks import World
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.shared_state import COPIES_REQUESTED, ENV_STEPS, HYPERPARAMS, SharedState
 from sf.runner.population import PopulationControl, fill_shared

@@ -15,7 +15,7 @@ import pytest
 
 from e2e_helpers import train_args
 from sf.cfg import ConfigError, parse_cfg
-from sf.distributed import World
+from sf.processes.ranks import World
 from sf.runner import stats as stats_module
 from sf.runner import tracking
 from sf.runner.runner import Runner
