@@ -266,7 +266,7 @@ def init_kinds(named_weights) -> list:
         if torch.allclose(gram, g2 * torch.eye(gram.shape[0], dtype=torch.float64), atol=1e-5):
             out.append((tuple(w.shape), round(g2 ** 0.5, 4)))
         else:
-            assert float(w.abs().max()) <= 1 / math.sqrt(w2.shape[1]) + 1e-7, name
+            assert float(w2.abs().max()) <= 1 / math.sqrt(w2.shape[1]) + 1e-7, name
             out.append((tuple(w.shape), "torch_default"))
     return sorted(out, key=str)
 
