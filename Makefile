@@ -10,7 +10,7 @@ SF_STAMP := $(SF_VENV)/.installed
 # override it: make train TRAIN_ARGS="--env doom_basic --experiment quickstart --train_for_seconds 300"
 TRAIN_ARGS ?= --env doom_basic --experiment quickstart --train_for_env_steps 400000
 
-.PHONY: setup setup-sf setup-slurm train test test-fast test-slow test-gpu gpu-bundle gpu-rehearsal bench clean
+.PHONY: setup setup-sf setup-slurm train test test-fast test-slow test-gpu lint gpu-bundle gpu-rehearsal bench clean
 
 # what training needs: the venv, the package with its envs, the C++ queue, Doom's scenario data (no Slurm, no
 # Sample Factory: those are the tests' and the sweeps' set-up, `make setup-slurm` / `make setup-sf`)
@@ -69,6 +69,11 @@ test: setup setup-sf setup-slurm
 # the fast loop: no test that starts processes (marker e2e)
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e and not slow"
+
+# the linter and the type checker alone (make test runs them too: tests/test_lint.py; settings in pyproject.toml)
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
