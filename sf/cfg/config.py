@@ -19,8 +19,9 @@ from typing import Any, Optional
 from sf.cfg.params import all_params, copy_default, optional_float, optional_int, optional_str, str2bool
 from sf.utils.errors import ConfigError
 
-_ANNOTATIONS = {int: int, float: float, str: str, str2bool: bool, optional_int: Optional[int],
-                optional_float: Optional[float], optional_str: Optional[str]}
+# a parameter's converter -> its field's type (sf/cfg/stub.py writes them into config.pyi)
+FIELD_TYPES = {int: int, float: float, str: str, str2bool: bool, optional_int: Optional[int],
+               optional_float: Optional[float], optional_str: Optional[str]}
 RUN_FIELDS = ("_explicit", "_notes", "_eval_plan")
 
 
@@ -43,7 +44,7 @@ def _field(p) -> tuple[str, Any, dataclasses.Field]:
     if p.nargs in ("+", "*"):  # a list parameter (None where that is its default)
         annotation = list if p.default is not None else Optional[list]
     else:
-        annotation = _ANNOTATIONS.get(p.type, Any)
+        annotation = FIELD_TYPES.get(p.type, Any)
     if isinstance(p.default, list):
         return p.name, annotation, dataclasses.field(default_factory=lambda d=p.default: list(d))
     return p.name, annotation, dataclasses.field(default=p.default)

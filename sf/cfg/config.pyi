@@ -6,6 +6,7 @@ from typing import Any, Optional
 RUN_FIELDS: tuple[str, ...]
 PARAMETER_NAMES_IN_ORDER: tuple[str, ...]
 PARAMETER_NAMES: frozenset[str]
+FIELD_TYPES: dict[Any, Any]
 
 
 @dataclasses.dataclass(frozen=True)
