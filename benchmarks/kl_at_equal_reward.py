@@ -23,10 +23,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import header, table  # noqa: E402
+from learning_suite import sf_mode_dir, sf_summary  # noqa: E402
 from policy_lag import OURS, THEIRS  # noqa: E402
 from sf.utils.events import read_scalar_events  # noqa: E402
 
-SIDES = (("ours", None, OURS), ("SF 2.1.1, same", "sf_2.1.1_same", THEIRS), ("SF 2.1.1, defaults", "sf_2.1.1", THEIRS))
+SIDES = (("ours", None, OURS), ("SF 2.1.1, same", "same", THEIRS), ("SF 2.1.1, defaults", "defaults", THEIRS))
 
 
 def band(text: str) -> tuple[str, float, float]:
@@ -54,12 +55,13 @@ def in_band(series: dict, tag: str, reward_tag: str, lo: float, hi: float) -> li
     return out
 
 
-def side_dirs(suite: Path, task: str, sub: str | None) -> list[Path]:
-    """The runs of `task` of one side: ours NN_<task>_see_S/, Sample Factory's under <sub>/td/<the same>/.summary/0."""
+def side_dirs(suite: Path, task: str, mode: str | None) -> list[Path]:
+    """The runs of `task` of one side: ours (NN_<task>_see_S/), or Sample Factory's of --with_sf `mode`
+    (learning_suite's layout) for the same names."""
     ours = sorted(p for p in suite.glob(f"[0-9][0-9]_{task}_see_*") if p.is_dir())
-    if sub is None:
+    if mode is None:
         return ours
-    return [d for d in (suite / sub / "td" / p.name / ".summary" / "0" for p in ours) if d.is_dir()]
+    return [d for d in (sf_summary(sf_mode_dir(suite, mode), p) for p in ours) if d.is_dir()]
 
 
 def main(argv=None) -> int:
@@ -74,8 +76,8 @@ def main(argv=None) -> int:
     header("KL and clip fraction at equal learning progress")
     rows = []
     for task, lo, hi in args.band:
-        for name, sub, tags in SIDES:
-            dirs = side_dirs(suite, task, sub)
+        for name, mode, tags in SIDES:
+            dirs = side_dirs(suite, task, mode)
             kl, clip = [], []
             for d in dirs:
                 series = read_scalar_events(d)

@@ -274,6 +274,12 @@ def sf_run(run, task: Task, sf_python: str, sf_dir: Path, mode: str) -> dict:
     return result
 
 
+def sf_mode_dir(sweep_dir: Path, mode: str) -> Path:
+    """Where --with_sf MODE keeps Sample Factory's runs (defaults: sf_2.1.1/, where --with_sf kept them before it had
+    modes)."""
+    return sweep_dir / ("sf_2.1.1" if mode == "defaults" else f"sf_2.1.1_{mode}")
+
+
 def sf_summary(sf_dir: Path, run) -> Path:
     """Where Sample Factory's TensorBoard files of the run are."""
     return sf_dir / "td" / run.name / ".summary" / "0"
@@ -435,8 +441,7 @@ def suite(args) -> int:
     failed = rc != 0
     rows, pairs, notes = {False: [], True: []}, [], []
     sf_reasons = {t.sf_needs: sf_missing(args.sf_python, t.sf_needs) for t in tasks} if modes else {}
-    # (the results of --with_sf before it had modes, in sf_2.1.1/, are its defaults')
-    sf_dirs = {m: sweep.train_dir / ("sf_2.1.1" if m == "defaults" else f"sf_2.1.1_{m}") for m in modes}
+    sf_dirs = {m: sf_mode_dir(sweep.train_dir, m) for m in modes}
     for task in tasks:
         runs = [r for r in sweep.runs if r.config == task.name]
         done = [r for r in runs if states[r.name].state == "done"]
