@@ -19,12 +19,8 @@ def _tool(name: str) -> list[str]:
     return [found]
 
 
-def _ruff() -> list[str]:
-    return _tool("ruff")
-
-
 def test_ruff_finds_nothing():
-    res = subprocess.run([*_ruff(), "check", "--no-cache", "--output-format", "concise", str(ROOT)],
+    res = subprocess.run([*_tool("ruff"), "check", "--no-cache", "--output-format", "concise", str(ROOT)],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 0, f"ruff check found problems (fix them, or see pyproject.toml's [tool.ruff]):\n" \
                                 f"{res.stdout[-6000:]}{res.stderr[-2000:]}"
@@ -35,7 +31,7 @@ def test_the_linter_sees_a_long_line_and_an_unused_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\n" + "x = " + repr("a" * 115) + "\n")
     assert len(bad.read_text().splitlines()[1]) == 121
-    res = subprocess.run([*_ruff(), "check", "--no-cache", "--output-format", "concise", "--config",
+    res = subprocess.run([*_tool("ruff"), "check", "--no-cache", "--output-format", "concise", "--config",
                           str(ROOT / "pyproject.toml"), str(bad)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "E501" in res.stdout and "F401" in res.stdout, res.stdout + res.stderr
 
