@@ -23,7 +23,7 @@ import sys
 import time
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,8 +32,6 @@ from sf.policy_loading import check_experiment_dir, load_policy, open_env
 from sf.utils.files import replace_durably
 from sf_envs.families import FAMILIES
 from sf_envs.registry import env_spec
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

@@ -41,7 +41,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from sf.cfg import (ConfigError, OneLineArgumentParser, RunError, all_params, default_cfg, parse_cfg, run_guarded,
                     save_cfg, validate_experiment_name, validate_train_dir)
@@ -51,8 +51,6 @@ from sf.cfg.sf_flag_list import SF_2_1_1_FLAGS
 from sf.policy_loading import open_env
 from sf.utils.files import fsync_dir, one_line, temp_path
 from sf_envs.registry import env_spec
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

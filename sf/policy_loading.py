@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sf.cfg import ConfigError, RunError, experiment_dir
 from sf_envs.registry import make_env
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

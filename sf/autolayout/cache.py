@@ -10,14 +10,12 @@ import socket
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from sf.autolayout.model import LAYOUT_KEYS, Layout, Measurements
 from sf.cfg import ConfigError
 from sf.cfg.parse import read_json_object
 from sf.utils.files import write_json_atomic
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

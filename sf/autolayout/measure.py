@@ -12,14 +12,12 @@ import sys
 import time
 from queue import Empty
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sf.autolayout.cache import cache_path, cached_layout, save
 from sf.autolayout.model import LAYOUT_KEYS, Layout, Measurements, batch_sizes, choose, predict
 from sf.cfg import ConfigError, RunError, resolve_device
 from sf.processes.control import bind_device, usable_cores
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

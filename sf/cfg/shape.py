@@ -15,10 +15,9 @@ called by the runner's pre-flight checks once the env's agents per env are known
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from sf.utils.errors import ConfigError
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

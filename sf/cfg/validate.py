@@ -9,7 +9,7 @@ import argparse
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from sf.cfg.params import (LIST_MAX_LEN, Param, all_params, optional_float, optional_int, optional_str, str2bool,
                            to_int)
@@ -17,8 +17,6 @@ from sf.cfg.shape import num_envs
 from sf.cfg.string_checks import shown, shown_str, validate_experiment_name, validate_train_dir
 from sf.processes.control import usable_cores
 from sf.utils.errors import ConfigError
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

@@ -32,7 +32,7 @@ each minibatch's (valid) value targets, and the critic is trained on normalized 
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -47,8 +47,6 @@ from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks
 from sf.learning.vtrace import truncation_bootstrap, vtrace
 from sf.model.action_spaces import MASKED_LOGIT, action_heads
 from sf.seeding import MINIBATCH, run_seed, stream_seed
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config
@@ -208,7 +206,7 @@ class APPO:
         # (device scalars: the one host read of a step these schedules need)
         kl, num_valid = float(kl), float(num_valid)
         if self.grad_hook is not None:
-            from sf.learning.collectives import gather_rows# (no process group: this rank's own row)
+            from sf.learning.collectives import gather_rows  # (no process group: this rank's own row)
             rows = gather_rows(torch.tensor([kl * num_valid, num_valid], dtype=torch.float64, device=self.device),
                                what="the KL-adaptive learning rate's KL gather")
             kl, num_valid = float(rows[:, 0].sum()), float(rows[:, 1].sum())

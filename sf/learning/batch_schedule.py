@@ -14,12 +14,12 @@ after the batch that reaches it: the same seed and config give the same weights.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sf.learning import collectives
 from sf.learning.phase_timing import LAPS
 from sf.processes.control import runner_alive
 from sf.seeding import deterministic_kernels
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

@@ -41,12 +41,12 @@ import functools
 import logging
 import math
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
-from sf.learning import collectives
-from sf.processes import ranks
 from sf.cfg.shape import RunShape
+from sf.learning import collectives
 from sf.learning.appo import APPO, cfg_hyperparams
 from sf.learning.batch_schedule import schedule_class
 from sf.learning.batcher import Batcher
@@ -55,14 +55,13 @@ from sf.learning.checkpoint import (check_compatible, load_into, make_checkpoint
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks/profile_training.py)
 from sf.model.actor_critic import create_actor_critic, run_precision
+from sf.processes import ranks
 from sf.processes.control import usable_cores
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, VERSION,
                                       learner_name, shared_hyperparams)
 from sf.processes.slot_ledger import SlotLedger
 from sf.seeding import MODEL, run_seed, stream_seed
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

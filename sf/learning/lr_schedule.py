@@ -25,9 +25,7 @@ adapted rate by the same factor: PBT's rate is the base the schedule scales, for
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional, Sequence
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

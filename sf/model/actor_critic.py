@@ -30,7 +30,7 @@ back; the learner trains the head on normalized targets (`forward_sequence(..., 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -40,8 +40,6 @@ from sf.model.action_spaces import (ACTION_MASK_KEY, action_distribution, action
 from sf.model.cores import IdentityCore, RecurrentCore
 from sf.model.encoders import ImageEncoder, ObsEncoder
 from sf.model.normalization import RunningMeanStd
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

@@ -25,7 +25,7 @@ input and saves passes over the largest tensor of the learner.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,6 @@ from torch import nn
 from sf.model.action_spaces import ACTION_MASK_KEY
 from sf.model.normalization import PixelMeanStd, RunningMeanStd
 from sf.utils.errors import ConfigError
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

@@ -53,15 +53,13 @@ import re
 import signal
 import time
 from queue import Empty
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import psutil
 
 from sf.processes.shared_state import ENV_STEPS, SLOT_FREE, learner_name, slot_held, slot_queued
 from sf.runner.supervision import kill_adopted
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

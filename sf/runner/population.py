@@ -28,6 +28,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,8 +38,6 @@ from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STE
 from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
 from sf.seeding import PBT, run_seed, stream_seed
 from sf.utils.files import write_json_atomic
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

@@ -29,8 +29,8 @@ from typing import Callable
 
 import torch
 
-from sf.processes import ranks
 from sf.cfg import RunError
+from sf.processes import ranks
 from sf.runner.population import PopulationControl, apply_decisions, fill_shared, request_copy
 from sf.utils.files import first_line
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import psutil
 import torch
 
-from sf.processes import ranks
 from sf.buffers.trajectory_buffers import obs_bytes, shm_available_bytes, shm_used_bytes
 from sf.cfg import Config, ConfigError, RunError, experiment_dir
 from sf.cfg.shape import num_envs
 from sf.learning.checkpoint import CheckpointError, check_compatible
 from sf.learning.checkpoint_store import CheckpointManager
+from sf.processes import ranks
 from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG
 from sf.seeding import rank_seed
 from sf.utils.files import first_line

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 from queue import Empty
-from typing import Callable
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

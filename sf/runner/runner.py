@@ -25,11 +25,11 @@ import os
 import signal
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
 
-from sf.processes import ranks
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
@@ -39,6 +39,7 @@ from sf.learning.batch_schedule import MODE_LINES
 from sf.learning.learner import checkpoint_meta, run_learner
 from sf.model.action_spaces import check_action_mask
 from sf.model.actor_critic import create_actor_critic
+from sf.processes import ranks
 from sf.processes.control import StopRequests, add_leftover_hook, become_subreaper, bind_device, kill_tree
 from sf.processes.fds import MAX_FDS_SENT, fds_sent
 from sf.processes.shared_state import VERSION, SharedState, learner_name, policy_worker_name
@@ -60,8 +61,6 @@ from sf.runner.watchdog import StallWatchdog
 from sf.sampling.policy_worker import run_policy_worker
 from sf.sampling.rollout_worker import run_rollout_worker
 from sf_envs.registry import env_spec, process_leftover_files
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

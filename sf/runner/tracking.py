@@ -31,13 +31,12 @@ import secrets
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from sf.cfg import ConfigError
 from sf.utils.files import error_line, write_text_atomic
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

@@ -14,13 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from sf.processes.control import kill_tree
 from sf.runner.healing import process_kind
 from sf.runner.supervision import Silence, read_stack
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

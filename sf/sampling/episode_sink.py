@@ -20,8 +20,8 @@ A sink is a part of its worker: it reads and writes the worker's arrays (slots, 
 """
 from __future__ import annotations
 
-from sf.processes.ranks import world_from_env
 from sf.model.action_spaces import draw_action_noise
+from sf.processes.ranks import world_from_env
 from sf.sampling.evaluation import EVAL_REPORT, EvalEpisodes
 from sf.sampling.policy_mapping import PolicyMapping
 from sf.seeding import POLICY_MAPPING, run_seed, stream_seed

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from queue import Empty
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,8 +39,6 @@ import torch
 from sf.model.action_spaces import ACTION_MASK_KEY, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic, run_precision
 from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

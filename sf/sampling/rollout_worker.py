@@ -52,7 +52,7 @@ from queue import Empty
 import numpy as np
 import torch
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from sf.sampling.episode_sink import episode_sink
 from sf.processes.pause_points import PAUSE_AT, pause
@@ -60,8 +60,6 @@ from sf.processes.shared_state import slot_queued
 from sf.processes.slot_ledger import CENSUS_PAUSE_SEC, SlotLedger
 from sf.seeding import ENV, action_noise_rng, run_seed, stream_seed
 from sf_envs.registry import env_spec, make_env
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config
