@@ -181,7 +181,8 @@ def learner_limit(cfg, iters: int, done_rate: float) -> tuple[float, int, float,
     obs_space, action_space = probe_env(cfg)[:2]
     torch.manual_seed(0)
     model = create_actor_critic(cfg, obs_space, action_space)
-    appo = APPO(run_precision(cfg, model, "cpu"), cfg, "cpu")  # (the learner's own precision, as Learner.__init__'s)
+    # (the learner's own precision, as Learner.__init__'s)
+    appo = APPO(run_precision(cfg, model, "cpu", cfg.mode.deterministic), cfg, "cpu")
     exp = fake_batch(cfg, model, obs_space, action_space, done_rate)
     samples = exp["rewards"].numel()
     machine0, cpu0 = machine_cpu(), time.process_time()

@@ -145,5 +145,6 @@ def test_measured_episode_ends_and_the_runs_precision():
     for precision, mode in (("auto", "async"), ("bfloat16", "async"), ("auto", "hts")):
         c = parse_cfg(["--env", "test_image", "--device", "cpu", "--precision", precision, "--sync_mode", mode,
                        "--train_dir", "/tmp/unused"])
-        m = run_precision(c, create_actor_critic(c, envs[0].observation_space, envs[0].action_space), "cpu")
+        m = run_precision(c, create_actor_critic(c, envs[0].observation_space, envs[0].action_space), "cpu",
+                          c.mode.deterministic)
         assert m.compute_dtype is resolve_precision(precision, m, "cpu", deterministic=mode != "async")

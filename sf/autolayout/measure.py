@@ -212,7 +212,8 @@ def measure_forward(cfg: Config, obs_space, action_space, device: str, seconds: 
     import numpy as np
     import torch
     from sf.model.actor_critic import create_actor_critic, run_precision
-    model = run_precision(cfg, create_actor_critic(cfg, obs_space, action_space).to(device).eval(), device)
+    model = run_precision(cfg, create_actor_critic(cfg, obs_space, action_space).to(device).eval(), device,
+                          cfg.mode.deterministic)
     model.cast_for_inference()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     out = {}
@@ -270,7 +271,8 @@ def measure_learner(cfg: Config, obs_space, action_space, device: str, frameskip
     each = seconds / (len(batch_sizes) * len(thread_counts))
     for B in batch_sizes:
         c = cfg.replace(batch_size=B)
-        model = run_precision(c, create_actor_critic(c, obs_space, action_space).to(device), device)
+        model = run_precision(c, create_actor_critic(c, obs_space, action_space).to(device), device,
+                              c.mode.deterministic)
         appo = APPO(model, c, device, frames_per_sample=frameskip)
         samples = B * c.num_batches_per_epoch
         exp = synthetic_batch(model, obs_space, action_space, max(1, samples // c.rollout), c.rollout, device,

@@ -2,6 +2,7 @@
 
     params.py         the table (`PARAMS`, grouped by concern) and the env integrations' parameters
     config.py         `Config`: one run's parameters as a frozen, typed value generated from the table
+    mode.py           `RunMode` (`cfg.mode`): what --sync_mode, sf.eval and --serial_mode mean, as named properties
     string_checks.py  checks of string values: paths, the experiment name, W&B names
     sf_compat.py      Sample Factory's flag names: aliases, refusals, flags without meaning here
     validate.py       conversion and checks of one value, of a whole configuration (`verify`), the device
@@ -53,20 +54,22 @@ from sf.cfg.config import Config, default_cfg, make_config
 from sf.cfg.params import LIST_MAX_LEN, NAMED_CHECKS, PARAMS, Param, all_params, optional_int, optional_str, str2bool
 from sf.cfg.parse import (CONFIGS_DIR, FAMILIES_WITH_PRESETS, REPO_ROOT, OneLineArgumentParser, build_parser,
                           cli_main, load_preset, parse_cfg, run_guarded, save_cfg)
+from sf.cfg.mode import MODES, RunMode
 from sf.cfg.sf_compat import SF_FLAGS, SFFlag, apply_sf_aliases, check_sf_flags
 from sf.cfg.string_checks import (EXPERIMENT_NAME_CHARS, EXPERIMENT_NAME_MAX_LEN, PATH_MAX_BYTES,
                                   default_experiment_name, validate_experiment_name, validate_train_dir)
 from sf.cfg.validate import (MAX_SAMPLES_PER_TRAINING_BATCH, MAX_TOTAL_ENVS, ValueProblem, check_value, convert,
-                             experiment_dir, range_text, resolve_device, scale_envs_per_worker, sync_minibatches,
+                             experiment_dir, range_text, resolve_device, scale_envs_per_worker,
                              value_kind, verify)
 from sf.utils.errors import ConfigError, RunError
 
 __all__ = [
     "CONFIGS_DIR", "Config", "EXPERIMENT_NAME_CHARS", "EXPERIMENT_NAME_MAX_LEN", "FAMILIES_WITH_PRESETS",
-    "LIST_MAX_LEN", "MAX_SAMPLES_PER_TRAINING_BATCH", "MAX_TOTAL_ENVS", "NAMED_CHECKS", "PARAMS", "PATH_MAX_BYTES",
-    "REPO_ROOT", "SF_FLAGS", "ConfigError", "OneLineArgumentParser", "Param", "RunError", "SFFlag", "ValueProblem",
+    "LIST_MAX_LEN", "MAX_SAMPLES_PER_TRAINING_BATCH", "MAX_TOTAL_ENVS", "MODES", "NAMED_CHECKS", "PARAMS",
+    "PATH_MAX_BYTES", "REPO_ROOT", "SF_FLAGS", "ConfigError", "OneLineArgumentParser", "Param", "RunError", "RunMode",
+    "SFFlag", "ValueProblem",
     "all_params", "apply_sf_aliases", "build_parser", "check_sf_flags", "check_value", "cli_main", "convert",
     "default_cfg", "default_experiment_name", "make_config", "experiment_dir", "load_preset", "optional_int",
     "optional_str", "parse_cfg", "range_text", "resolve_device", "run_guarded", "save_cfg", "scale_envs_per_worker",
-    "str2bool", "sync_minibatches", "validate_experiment_name", "validate_train_dir", "value_kind", "verify",
+    "str2bool", "validate_experiment_name", "validate_train_dir", "value_kind", "verify",
 ]

@@ -10,12 +10,17 @@ Besides the parameters, three fields that are not saved in config.json (their na
     _explicit   frozenset of the parameters given on the command line (a resumed PBT run keeps them over its state)
     _notes      tuple of lines for the run log (e.g. Sample Factory flags that mean nothing here)
     _eval_plan  sf.eval's plan (EvalPlan) of an evaluation run; None in training
+
+and one derived value, `cfg.mode` (sf/cfg/mode.py's RunMode: what --sync_mode, sf.eval and --serial_mode mean for
+every stage), resolved on first use and carried with the configuration to every process.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
+from sf.cfg.mode import RunMode
 from sf.cfg.params import all_params, copy_default, optional_float, optional_int, optional_str, str2bool
 from sf.utils.errors import ConfigError
 
@@ -38,6 +43,11 @@ class _ConfigMethods:
     def as_dict(self) -> dict[str, Any]:
         """The parameters (name -> value, lists copied), as config.json holds them: no run field."""
         return {name: copy_default(getattr(self, name)) for name in PARAMETER_NAMES_IN_ORDER}
+
+    @functools.cached_property
+    def mode(self) -> RunMode:
+        """The run's mode (RunMode.of): resolved once per Config (a replace() makes a new one), pickled with it."""
+        return RunMode.of(self)  # type: ignore[arg-type]
 
 
 def _field(p) -> tuple[str, Any, dataclasses.Field]:

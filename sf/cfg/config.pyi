@@ -3,6 +3,8 @@
 import dataclasses
 from typing import Any, Optional
 
+from sf.cfg.mode import RunMode
+
 RUN_FIELDS: tuple[str, ...]
 PARAMETER_NAMES_IN_ORDER: tuple[str, ...]
 PARAMETER_NAMES: frozenset[str]
@@ -445,6 +447,8 @@ class Config:
     _eval_plan: Any = ...
     """sf.eval's plan (EvalPlan) of an evaluation run; None in training."""
 
+    @property
+    def mode(self) -> RunMode: ...
     def replace(self, **changes: Any) -> Config: ...
     def as_dict(self) -> dict[str, Any]: ...
 

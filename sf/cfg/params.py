@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from sf.cfg.mode import MODES
 from sf.cfg.string_checks import (EXPERIMENT_NAME_MAX_LEN, env_name_problem, experiment_problem, label_problem,
                                   path_problem, train_dir_problem, wandb_project_problem, wandb_tags_problem)
 from sf.processes.control import usable_cores
@@ -90,7 +91,7 @@ RUN_PARAMS: list[Param] = [
           "deterministic batch-synchronous mode (collection and training overlap, policy lag exactly 1 training "
           "batch, same seed and config => same weights); ppo: synchronous PPO (collect, train, repeat; policy lag 0). "
           "In hts and ppo a training batch is one --rollout of every env, split into SGD steps of --batch_size samples",
-          choices=("async", "hts", "ppo"), scope="train"),
+          choices=MODES.keys(), scope="train"),  # (a live view: a mode added to MODES is a choice)
     Param("sync_inference_chunk", int, 8, "hts/ppo: policy workers run the model on chunks of exactly this many "
           "observations (padded), so that an observation's actions do not depend on which others share its batch (CPU "
           "kernels give different bits for different batch sizes). A call costs about as much as a few rows, so 8 "

@@ -50,7 +50,7 @@ class RunShape:
                               f"(num_workers x num_envs_per_worker x {agents_per_env} agents per env): policies "
                               f"{agents}-{cfg.num_policies - 1} would never play; use more envs or --policy_mapping "
                               "random")
-        if cfg.sync_mode != "async":  # two storages of one slot per agent (HTS-RL); --num_traj_buffers does not apply
+        if cfg.mode.intervals:  # two storages of one slot per agent (HTS-RL); --num_traj_buffers does not apply
             trajs_per_batch, slots = agents, 2 * agents
         else:
             trajs_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout

@@ -169,12 +169,6 @@ def experiment_dir(cfg: Config) -> Path:
     return Path(cfg.train_dir) / cfg.experiment
 
 
-def sync_minibatches(cfg: Config) -> int:
-    """--sync_mode hts/ppo: SGD steps per epoch, each on --batch_size samples of the training batch (one --rollout of
-    every env); a --batch_size at least that large makes it one step on the whole batch."""
-    return max(1, num_envs(cfg) * cfg.rollout // cfg.batch_size)
-
-
 def scale_envs_per_worker(envs: int, workers: int, splits: int, cores: Optional[int] = None) -> int:
     """Envs per rollout worker when the user did not choose it. The presets' values (the paper's 16 for Doom) are meant
     for one worker per core; with more workers than cores, the same number of envs per core is spread over them, never
@@ -212,19 +206,19 @@ def verify(cfg: Config, mode: str = "train") -> None:
         raise ConfigError(f"--batch_size x --num_batches_per_epoch must be at most {MAX_SAMPLES_PER_TRAINING_BATCH} "
                           f"samples per training batch (got {cfg.batch_size} x {cfg.num_batches_per_epoch} = "
                           f"{samples})")
-    if mode == "train" and cfg.sync_mode != "async" and cfg.sampler_only:
+    if mode == "train" and cfg.mode.intervals and cfg.sampler_only:
         raise ConfigError(f"--sampler_only measures the asynchronous sampler alone; with --sync_mode {cfg.sync_mode} "
                           "every interval waits for the learner: use --sync_mode async")
-    if mode == "train" and cfg.sync_mode != "async":
+    if mode == "train" and cfg.mode.intervals:
         per_batch = num_envs(cfg) * cfg.rollout
         if cfg.batch_size < per_batch and per_batch % cfg.batch_size:
             raise ConfigError(f"--sync_mode {cfg.sync_mode}: a training batch is one --rollout of every env "
                               f"({cfg.num_workers} x {cfg.num_envs_per_worker} x {cfg.rollout} = {per_batch} samples); "
                               f"--batch_size ({cfg.batch_size}) must divide it (or be at least {per_batch})")
-    if mode == "train" and cfg.sync_mode != "async" and cfg.precision == "bfloat16":
+    if mode == "train" and cfg.mode.deterministic and cfg.precision == "bfloat16":
         raise ConfigError(f"--precision bfloat16: --sync_mode {cfg.sync_mode} computes in float32 (its bit-for-bit "
                           "guarantee across layouts is float32's); use --precision auto or float32")
-    if mode == "train" and cfg.num_policies > 1 and cfg.sync_mode != "async":
+    if mode == "train" and cfg.num_policies > 1 and cfg.mode.intervals:
         raise ConfigError(f"--sync_mode {cfg.sync_mode} trains one policy; a population (--num_policies "
                           f"{cfg.num_policies}) needs --sync_mode async")
     if mode == "train" and cfg.pbt_perturb_min > cfg.pbt_perturb_max:
@@ -243,7 +237,7 @@ def verify(cfg: Config, mode: str = "train") -> None:
                    else ("--continuous_tanh_scale", cfg.continuous_tanh_scale))
         raise ConfigError(f"{flag} {v} applies to the learned state-independent std of --adaptive_stddev False; with "
                           "--adaptive_stddev True the std is an output of the network: give --adaptive_stddev False")
-    if mode == "train" and cfg.num_traj_buffers and cfg.sync_mode == "async":  # (hts/ppo: two slots per env)
+    if mode == "train" and cfg.num_traj_buffers and cfg.mode.frees_slots:  # (intervals: two slots per env)
         need = num_envs(cfg) + samples // cfg.rollout
         if cfg.num_traj_buffers < need:
             raise ConfigError(f"--num_traj_buffers ({cfg.num_traj_buffers}) must be 0 or at least num_workers x "

@@ -23,7 +23,7 @@ as m one-step trajectories carrying the batch's targets, computed once before th
 sf.learning.sample_minibatches).
 
 Minibatch order comes from a generator seeded from --seed (its state goes into checkpoints); in hts/ppo modes a
-training batch is one rollout of every env, split into cfg.sync_minibatches() SGD steps of --batch_size samples.
+training batch is one rollout of every env, split into cfg.mode.minibatches(cfg) SGD steps of --batch_size samples.
 
 Input normalizers (vector obs, measurements) are updated once per `train` call, from steps 0..T-1 of the
 whole batch (with experience["own"], populations and multi-agent envs: only the steps this policy acted), before the
@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from sf.buffers.trajectory_buffers import DONES_HOST
-from sf.cfg import sync_minibatches
 from sf.learning.gae import gae
 from sf.learning.losses import appo_loss, masked_mean, symmetric_kl_with_uniform
 from sf.learning.lr_schedule import KL_ADAPTIVE, LrSchedule
@@ -95,9 +94,8 @@ class APPO:
         if problem:
             raise ValueError(problem)
         self.set_hyperparams(**cfg_hyperparams(cfg))
-        sync = cfg.sync_mode != "async"
-        self.num_minibatches = sync_minibatches(cfg) if sync else int(cfg.num_batches_per_epoch)
-        self.max_policy_lag = float("inf") if sync else cfg.max_policy_lag
+        self.num_minibatches = cfg.mode.minibatches(cfg)
+        self.max_policy_lag = cfg.max_policy_lag if cfg.mode.lag_bounded else float("inf")
         # the minibatch order's generator lives on the host whatever the device: its state (a CPU generator's 5,056
         # bytes) goes into checkpoints, and a run resumes on either device (a CUDA generator's 16-byte state fits only
         # a CUDA one); the permutations it draws are the same on every device

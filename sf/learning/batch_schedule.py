@@ -1,5 +1,6 @@
 """The learner's batch schedule (--sync_mode): which trajectories make a training batch, when the actors get new
-weights, and the learner's process loop. One class per mode, chosen once (`schedule_class`); the learner holds one.
+weights, and the learner's process loop. One class per schedule, chosen by the run's mode (`schedule_class`, from
+cfg.mode.schedule: sf/cfg/mode.py); the learner holds one.
 
 async (Sample Factory's APPO): a training batch is `batch_size * num_batches_per_epoch / rollout` trajectories in the
 order they arrived; a batcher thread collects the next batch while one trains (sf/learning/batcher.py) and the weights
@@ -23,15 +24,6 @@ from sf.seeding import deterministic_kernels
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config
-
-# the console's and TensorBoard's line for each mode (the runner formats it with the run's batch and SGD steps)
-MODE_LINES = {
-    "async": "async (asynchronous APPO: policy lag varies, samples older than --max_policy_lag are masked)",
-    "hts": "hts (HTS-RL batch-synchronous: training batches of {batch} samples, one rollout of every env, "
-           "{steps} SGD steps each; policy lag exactly 1 batch after the first; same seed and config => same weights)",
-    "ppo": "ppo (synchronous PPO: collect {batch} samples, one rollout of every env, then {steps} SGD steps; "
-           "policy lag 0 batches; same seed and config => same weights)",
-}
 
 
 class AsyncSchedule:
@@ -198,9 +190,12 @@ class PpoSchedule(IntervalSchedule):
         self.learner.state.set_sync_ready(k + 1)
 
 
+# a RunMode's schedule (sf/cfg/mode.py) -> its class; frees_slots agrees with the mode's (tests/cfg/test_mode.py)
 SCHEDULES = {"async": AsyncSchedule, "hts": HtsSchedule, "ppo": PpoSchedule}
 
 
 def schedule_class(cfg: Config) -> type[AsyncSchedule | IntervalSchedule]:
-    """The batch schedule of cfg.sync_mode (the one place the mode is read for the learner)."""
-    return SCHEDULES[cfg.sync_mode]
+    """The batch schedule of the run's mode (cfg.mode.schedule)."""
+    if cfg.mode.schedule is None:
+        raise ValueError(f"mode {cfg.mode.name} trains nothing: no learner, no batch schedule")
+    return SCHEDULES[cfg.mode.schedule]

@@ -113,7 +113,7 @@ class Learner:
         self.schedule = schedule_class(cfg)(self)  # (hts/ppo: deterministic kernels, before the model is made)
         torch.manual_seed(stream_seed(run_seed(cfg), MODEL, policy_id))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
-        run_precision(cfg, self.model, self.device)
+        run_precision(cfg, self.model, self.device, cfg.mode.deterministic)
         if self.model.compute_dtype is not None and policy_id == 0:
             log.info("The observation encoder computes in bfloat16 "
                      "(--precision %s; float32 weights, RNN, heads and losses)", cfg.precision)

@@ -54,8 +54,8 @@ class StepOutput(NamedTuple):
 def _row_independent(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """layer(x), x [B, R] -> [B, N], each row computed the same way whatever the other rows: a matrix product may
     round a row differently by its place among them (MKL on an AVX-512 Xeon: Linear(64 -> 2) on 4 rows, 1 ulp), which
-    the hts/ppo policy workers' batch-invariant chunks cannot allow. Products, then one reduction per output over the
-    contiguous last dim: B x N x R multiplies, a few thousand for a chunk of rows into small heads."""
+    a deterministic policy worker's batch-invariant chunks cannot allow. Products, then one reduction per output over
+    the contiguous last dim: B x N x R multiplies, a few thousand for a chunk of rows into small heads."""
     y = (x.unsqueeze(-2) * layer.weight).sum(-1)
     return y if layer.bias is None else y + layer.bias
 
@@ -283,7 +283,7 @@ def native_bfloat16(device) -> bool:
 
 def resolve_precision(choice: str, model: nn.Module, device, deterministic: bool) -> Optional[torch.dtype]:
     """--precision -> ActorCritic.compute_dtype. auto: bfloat16 for a convolutional encoder on hardware that computes
-    it natively, unless `deterministic` (hts/ppo, evaluation: their bit-for-bit guarantees are float32's)."""
+    it natively, unless `deterministic` (a bit-for-bit process: its guarantees are float32's)."""
     if choice == "bfloat16":
         return torch.bfloat16
     if choice == "float32" or deterministic:
@@ -292,12 +292,10 @@ def resolve_precision(choice: str, model: nn.Module, device, deterministic: bool
     return torch.bfloat16 if has_conv and native_bfloat16(device) else None
 
 
-def run_precision(cfg: Config, model: ActorCritic, device, deterministic: Optional[bool] = None) -> ActorCritic:
-    """Set model.compute_dtype as the run's processes set it: --precision resolved on `device` (resolve_precision),
-    deterministic in the sync modes unless `deterministic` says otherwise (a policy worker evaluating). Returns
+def run_precision(cfg: Config, model: ActorCritic, device, deterministic: bool) -> ActorCritic:
+    """Set model.compute_dtype as the run's processes set it: --precision resolved on `device` (resolve_precision);
+    `deterministic`: the process's bit-for-bit promise (its caller's cfg.mode says; the model knows no mode). Returns
     model."""
-    if deterministic is None:
-        deterministic = cfg.sync_mode != "async"
     model.compute_dtype = resolve_precision(cfg.precision, model, device, deterministic)
     return model
 

@@ -103,8 +103,8 @@ def data_parallel_world(cfg: Config) -> tuple[Config, ranks.World]:
         raise ConfigError(f"torchrun's environment: {e}") from None
     if not world.distributed:
         return cfg, world
-    for refused, why in ((cfg.sync_mode != "async", f"--sync_mode {cfg.sync_mode}"),
-                         (cfg.serial_mode, "--serial_mode")):
+    for refused, why in ((not cfg.mode.distributable, f"--sync_mode {cfg.mode.name}"),
+                         (cfg.mode.serial, "--serial_mode")):
         if refused:
             raise ConfigError(f"{why}: runs under torchrun train asynchronously (--sync_mode async, no --serial_mode)")
     population = cfg.num_policies > 1
@@ -209,8 +209,8 @@ def check_memory(cfg: Config, buffer_bytes: int, model_bytes: int, env_bytes: in
         free, total = device_memory(device)
     # each learner and policy worker creates a CUDA context (--serial_mode: one policy worker per policy, all of them
     # in the runner's process)
-    policy_workers = policies if cfg.serial_mode else policies * cfg.policy_workers_per_policy
-    cuda_processes = policies + policy_workers if cuda and not cfg.serial_mode else 0
+    policy_workers = policies if cfg.mode.serial else policies * cfg.policy_workers_per_policy
+    cuda_processes = policies + policy_workers if cuda and not cfg.mode.serial else 0
     processes = cfg.num_workers + policies * (cfg.policy_workers_per_policy + 1)
     parts = {
         "trajectory buffers": buffer_bytes,

@@ -32,7 +32,7 @@ def make_queues(cfg: Config, num_policies: int, num_slots: int) -> SimpleNamespa
         free=Queue(maxsize=num_slots + 1, max_size_bytes=max(2**16, msg_bytes * num_slots * 2)),
         report=Queue(max_size_bytes=2**25),
     )
-    if cfg.sync_mode == "async":  # (hts/ppo: fixed slots, no free list)
+    if cfg.mode.frees_slots:  # (HTS-RL's intervals: fixed slots, no free list)
         queues.free.put_many(list(range(num_slots)))
     return queues
 

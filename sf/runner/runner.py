@@ -32,10 +32,9 @@ import torch
 
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
-from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg, sync_minibatches
+from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg
 from sf.cfg.shape import RunShape
 from sf.learning.appo import exploration_loss_problem
-from sf.learning.batch_schedule import MODE_LINES
 from sf.learning.learner import checkpoint_meta, run_learner
 from sf.model.action_spaces import check_action_mask
 from sf.model.actor_critic import create_actor_critic
@@ -165,7 +164,7 @@ class Runner:
     def build(self) -> None:
         """Allocate what every process shares (_build_shared); the statistics, the supervisor's bookkeeping."""
         hyper = self._build_shared()
-        self.stats = RunStats(self.exp_dir, self.cfg.stats_avg, self.spec.frameskip, sync_mode=self.cfg.sync_mode,
+        self.stats = RunStats(self.exp_dir, self.cfg.stats_avg, self.spec.frameskip, mode=self.cfg.mode,
                               num_policies=self.num_policies, resumed=self.resumed)
         self.stats.enabled = self.world.rank == 0 or not self.data_parallel  # data-parallel: rank 0 writes TensorBoard
         if self.world.distributed and not self.data_parallel:  # each rank its policies' (a shared directory: no clash)
@@ -216,7 +215,7 @@ class Runner:
         self.watchdog = StallWatchdog(cfg, self.state, self.world, self.procs, self.stack_files, self.causes,
                                       self.reports.drain)
         self.healer = Healer(cfg, self.state, self.queues, self.spec.frameskip)
-        self.healing = cfg.max_restarts_per_hour > 0 and cfg.sync_mode == "async" and not cfg.serial_mode
+        self.healing = cfg.mode.heals
         if self.healing:
             self.stats.faults = self.healer.scalars()
         self.own_children: set[int] = set()
@@ -243,8 +242,8 @@ class Runner:
                         "rollout worker draws every policy once per %d draws, a draw every %d episodes of an env), "
                         "and the run ends when every policy has trained --train_for_env_steps", here, playing, here,
                         cfg.policy_resample_episodes)
-        mode = MODE_LINES[cfg.sync_mode].format(batch=self.shape.samples_per_batch,
-                                                steps=sync_minibatches(cfg) * cfg.num_epochs)
+        mode = cfg.mode.line.format(batch=self.shape.samples_per_batch,
+                                    steps=cfg.mode.minibatches(cfg) * cfg.num_epochs)
         log.info("Mode: %s", mode)
         if self.stats.enabled:
             self.stats.writer.add_text("config/mode", mode)
@@ -317,7 +316,7 @@ class Runner:
         try:
             if self.stats.enabled:  # W&B (--with_wandb); before the processes
                 self.stats.tracker = tracking.start(self.cfg, self.exp_dir)
-            if self.cfg.serial_mode:
+            if self.cfg.mode.serial:
                 try:
                     run_serial(self, start)
                 except Exception:  # noqa: B902 — reported like a crashed process
@@ -359,7 +358,7 @@ class Runner:
         self._log_progress(start)  # a final report line, however short the run
         if self.healing:
             log.info("Faults: %s", self.healer.summary())
-        if not self.cfg.serial_mode and self.cfg.sync_mode == "async":
+        if self.cfg.mode.frees_slots and not self.cfg.mode.serial:
             self._audit_slots()
         if self.population is not None:
             self.population.save()

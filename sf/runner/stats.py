@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from sf.cfg.mode import MODES, RunMode
 from sf.utils.events import read_scalar_events
 
 FPS_WINDOWS = (10, 60, 300)
@@ -97,11 +98,11 @@ class PolicyStats:
 
 
 class RunStats:
-    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, sync_mode: str = "async", num_policies: int = 1,
-                 resumed: list[tuple[int, int]] | None = None):
+    def __init__(self, exp_dir: Path, stats_avg: int, frameskip: int, mode: RunMode = MODES["async"],
+                 num_policies: int = 1, resumed: list[tuple[int, int]] | None = None):
         """resumed: (policy version, env frames) of each policy's checkpoint that a resumed run starts from (the
         experiment's counters: the console's total frames and versions go on from them)."""
-        self.frameskip, self.sync_mode = frameskip, sync_mode
+        self.frameskip, self.mode = frameskip, mode
         self.frames_history: collections.deque = collections.deque(maxlen=4000)  # (time, total frames)
         resumed = resumed or [(0, 0)] * num_policies
         self.start_frames = sum(steps for _, steps in resumed)  # frames trained before this run (all policies)
@@ -202,9 +203,9 @@ class RunStats:
 
     def _lag_text(self, p: PolicyStats) -> str:
         lag = f"Policy lag (min: {p.lag['min']:.1f}, avg: {p.lag['avg']:.1f}, max: {p.lag['max']:.1f})"
-        if self.sync_mode == "async":
+        if not self.mode.intervals:
             return lag
-        return f"Mode {self.sync_mode}: policy lag {p.lag_batches:.0f} batch{'es' if p.lag_batches != 1 else ''} " \
+        return f"Mode {self.mode.name}: policy lag {p.lag_batches:.0f} batch{'es' if p.lag_batches != 1 else ''} " \
                f"(in SGD steps: {lag[len('Policy lag ('):]}"
 
     def write_summaries(self) -> None:

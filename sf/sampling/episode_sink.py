@@ -31,12 +31,12 @@ EPISODE_REPORT_SEC = 1.0  # a worker's episodes go to the runner at most this of
 
 def episode_sink(worker):
     """The sink of `worker` (a RolloutWorker whose envs are made): sf.eval's when its cfg carries an evaluation plan,
-    else training's of --sync_mode."""
+    else training's of the run's mode (cfg.mode.intervals: HTS-RL's fixed slots)."""
     cfg = worker.cfg
     plan = cfg._eval_plan
     if plan is not None:
         return EvaluationSink(worker, plan)
-    return TrainingSink(worker) if cfg.sync_mode == "async" else SyncTrainingSink(worker)
+    return SyncTrainingSink(worker) if cfg.mode.intervals else TrainingSink(worker)
 
 
 def _draw_own_noise(sink, lo: int, hi: int) -> None:

@@ -55,10 +55,9 @@ class PolicyWorker:
         self.cfg, self.buffers, self.env_slots, self.queues = cfg, buffers, env_slots, queues
         self.policy_id = policy_id
         self.population = cfg.num_policies > 1 and env_slots.shape[-1] > 2
-        # sf.eval (cfg._eval_plan) as hts/ppo: actions from each env's noise, the model run in fixed-size chunks
-        evaluating = cfg._eval_plan is not None
-        self.sync = cfg.sync_mode != "async" or evaluating
-        self.argmax = evaluating and bool(cfg.eval_deterministic)  # sf.eval --deterministic
+        # the deterministic modes (hts/ppo, sf.eval): actions from each env's noise, the model run in fixed-size chunks
+        self.sync = cfg.mode.deterministic
+        self.argmax = cfg._eval_plan is not None and bool(cfg.eval_deterministic)  # sf.eval --deterministic
         self.chunk = cfg.sync_inference_chunk
         seed = stream_seed(run_seed(cfg), POLICY_WORKER, policy_id, worker_idx)
         torch.manual_seed(seed)  # action sampling in async mode
@@ -265,8 +264,9 @@ def run_policy_worker(cfg: Config, worker_idx, obs_space, action_space, buffers,
                           policy_id, shared_state)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
     shared_state.set_started(heartbeat)
-    # async: no request served while the learner has --num_batches_to_accumulate batches out (SharedState.batches_out)
-    paced = 0 if worker.sync else cfg.num_batches_to_accumulate
+    # a paced mode (async): no request served while the learner has --num_batches_to_accumulate batches out
+    # (SharedState.batches_out)
+    paced = cfg.num_batches_to_accumulate if cfg.mode.paced else 0
     while not shared_state.stopping() and runner_alive():
         shared_state.beat(heartbeat)
         if paced and shared_state.collection_paused(policy_id, paced):
