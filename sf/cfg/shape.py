@@ -5,6 +5,11 @@ called by the runner's pre-flight checks once the env's agents per env are known
     agents_per_env     the env's agents (1 but for multi-agent envs)
     agents             envs x agents_per_env: one trajectory stream each
     agents_per_worker  num_envs_per_worker x agents_per_env: a rollout worker's rows of the env-slot table
+    envs_per_group     num_envs_per_worker / worker_num_splits: the envs a rollout worker steps at once (one group of
+                       its double-buffered sampling)
+    agents_per_group   envs_per_group x agents_per_env: the rows of one inference request
+    groups             num_workers x worker_num_splits: the groups that ask the policy workers for actions (a policy
+                       worker's request streams)
     trajs_per_batch    trajectories of one training batch: async, batch_size x num_batches_per_epoch / rollout;
                        hts/ppo, one rollout of every agent (HTS-RL)
     samples_per_batch  trajs_per_batch x rollout
@@ -35,6 +40,9 @@ class RunShape:
     agents_per_env: int
     agents: int
     agents_per_worker: int
+    envs_per_group: int
+    agents_per_group: int
+    groups: int
     trajs_per_batch: int
     samples_per_batch: int
     slots: int
@@ -60,15 +68,19 @@ class RunShape:
                 raise ConfigError(f"--num_traj_buffers {slots} is too small: need at least num_workers*"
                                   f"num_envs_per_worker*agents_per_env + num_policies*batch_size*num_batches_per_epoch"
                                   f"/rollout = {agents + batches}")
-        return cls(envs=envs, agents_per_env=agents_per_env, agents=agents,
-                   agents_per_worker=cfg.num_envs_per_worker * agents_per_env, trajs_per_batch=trajs_per_batch,
+        return cls(**_layout(cfg, agents_per_env), trajs_per_batch=trajs_per_batch,
                    samples_per_batch=trajs_per_batch * cfg.rollout, slots=slots)
 
     @classmethod
     def of_evaluation(cls, cfg: Config, agents_per_env: int, slots: int) -> "RunShape":
         """The shape of an evaluation (sf.eval): no learner, so no training batch; `slots`, one per agent that plays
         (sf/sampling/evaluation.py)."""
-        envs = num_envs(cfg)
-        return cls(envs=envs, agents_per_env=agents_per_env, agents=envs * agents_per_env,
-                   agents_per_worker=cfg.num_envs_per_worker * agents_per_env, trajs_per_batch=0, samples_per_batch=0,
-                   slots=slots)
+        return cls(**_layout(cfg, agents_per_env), trajs_per_batch=0, samples_per_batch=0, slots=slots)
+
+
+def _layout(cfg: Config, agents_per_env: int) -> dict[str, int]:
+    """The sizes of the workers' layout (every field of RunShape but the training batch's and the slots)."""
+    envs_per_group = cfg.num_envs_per_worker // cfg.worker_num_splits
+    return dict(envs=num_envs(cfg), agents_per_env=agents_per_env, agents=num_envs(cfg) * agents_per_env,
+                agents_per_worker=cfg.num_envs_per_worker * agents_per_env, envs_per_group=envs_per_group,
+                agents_per_group=envs_per_group * agents_per_env, groups=cfg.num_workers * cfg.worker_num_splits)

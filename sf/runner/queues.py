@@ -16,14 +16,15 @@ from sf.ipc import Queue
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config
+    from sf.cfg.shape import RunShape
 
 
-def make_queues(cfg: Config, num_policies: int, num_slots: int) -> SimpleNamespace:
-    """policy [P], workers [W], learner [P], free, report; the free list filled (every slot free at start) in
-    asynchronous mode."""
-    P = num_policies
+def make_queues(cfg: Config, num_policies: int, shape: RunShape) -> SimpleNamespace:
+    """policy [P], workers [W], learner [P], free, report; the free list filled (every slot free at start) where the
+    mode frees slots."""
+    P, num_slots = num_policies, shape.slots
     msg_bytes = 64  # a small int tuple; capacities hold every message in flight at once,
-    requests = 2 * cfg.num_workers * cfg.worker_num_splits  # twice over: voided ones beside those asked again
+    requests = 2 * shape.groups  # twice over: voided ones beside those asked again
     queues = SimpleNamespace(
         policy=[Queue(maxsize=requests + 1, max_size_bytes=max(2**16, msg_bytes * requests * 2)) for _ in range(P)],
         workers=[Queue(maxsize=2 * cfg.worker_num_splits * P + 1, max_size_bytes=2**13 * P)

@@ -187,7 +187,7 @@ class Runner:
         # [W, agents per worker, (slot, t, policy)]
         self.env_slots = torch.zeros((cfg.num_workers, self.shape.agents_per_worker, 3),
                                      dtype=torch.int64).share_memory_()
-        self.queues = make_queues(cfg, P, self.shape.slots)
+        self.queues = make_queues(cfg, P, self.shape)
         hyper = self.population.hyperparams() if self.population else [initial_hyperparams(cfg, self.shaping)] * P
         fill_shared(self.state, hyper)
         self.pbt_link = (PopulationLink(self.world, P, self.weights, functools.partial(  # (PBT across torchrun's ranks)
@@ -295,13 +295,14 @@ class Runner:
     def _start_policy_worker(self, p: int, i: int) -> str:
         name = policy_worker_name(p, i, self.num_policies)
         self._start(name, run_policy_worker, self.cfg, i, self.obs_space, self.action_space, self.buffers,
-                    self.env_slots, policy_queues(self.queues, p), self.weights[p], self.state, self.device, p)
+                    self.env_slots, policy_queues(self.queues, p), self.weights[p], self.state, self.device, p,
+                    self.shape)
         return name
 
     def _start_rollout_worker(self, w: int) -> str:
         name = f"rollout_worker_{w}"
         self._start(name, run_rollout_worker, self.cfg, w, self.buffers, self.env_slots, worker_queues(self.queues, w),
-                    self.state, w, unwind=True)
+                    self.state, w, self.shape, unwind=True)
         return name
 
     # --- run ---

@@ -25,7 +25,8 @@ def run_serial(runner, start: float) -> None:
     runner.stats.start_frames = sum(learner.env_steps for learner in learners)
     runner.learner_ready = True  # (built here: frames count from where their checkpoints left them)
     policies = [PolicyWorker(cfg, runner.obs_space, runner.action_space, runner.buffers, runner.env_slots,
-                             policy_queues(q, p), runner.weights[p], runner.device, policy_id=p) for p in range(P)]
+                             policy_queues(q, p), runner.weights[p], runner.device, policy_id=p, shape=runner.shape)
+                for p in range(P)]
     for policy in policies:
         policy.wait_for_weights(runner.state.stopping)
     runner.last_report = runner.last_summary = time.time()
@@ -48,7 +49,7 @@ def run_serial(runner, start: float) -> None:
     try:
         for index in range(cfg.num_workers):
             workers.append(RolloutWorker(cfg, index, runner.buffers, runner.env_slots, worker_queues(q, index),
-                                         runner.state, on_starved=starved))
+                                         runner.state, on_starved=starved, shape=runner.shape))
             workers[-1].start()
         while not runner.state.stopping():
             for policy in policies:

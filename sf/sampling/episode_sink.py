@@ -107,7 +107,7 @@ class SyncTrainingSink(TrainingSink):
 
     def __init__(self, worker):
         super().__init__(worker)
-        self.total_agents = worker.cfg.num_workers * worker.num_agents
+        self.total_agents = worker.shape.agents
 
     def next_slot(self, i: int, interval: int) -> int:
         w = self.worker

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import time
 from queue import Empty
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
 
+from sf.cfg.shape import RunShape
 from sf.model.action_spaces import ACTION_MASK_KEY, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic, run_precision
 from sf.seeding import POLICY_WORKER, deterministic_kernels, run_seed, stream_seed
@@ -48,10 +49,11 @@ PACED_POLL_SEC = 0.002  # how often a paused policy worker looks whether its lea
 
 class PolicyWorker:
     def __init__(self, cfg: Config, obs_space, action_space, buffers, env_slots, queues, shared_weights, device: str,
-                 worker_idx: int = 0, policy_id: int = 0, shared_state=None):
+                 worker_idx: int = 0, policy_id: int = 0, shared_state=None, shape: Optional[RunShape] = None):
         """queues.policy: this policy's request queue; queues.workers: every rollout worker's reply queue;
         shared_weights: this policy's. env_slots: [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy).
-        shared_state: the run's (epochs, serving counter); None: every request is valid (tests)."""
+        shared_state: the run's (epochs, serving counter); None: every request is valid (tests). shape: the run's
+        (the runner's, computed once); None: this configuration's with env_slots' agents (in-process tests)."""
         self.cfg, self.buffers, self.env_slots, self.queues = cfg, buffers, env_slots, queues
         self.policy_id = policy_id
         self.population = cfg.num_policies > 1 and env_slots.shape[-1] > 2
@@ -64,14 +66,15 @@ class PolicyWorker:
         if self.sync:
             deterministic_kernels(device)
         self.shared_weights, self.device = shared_weights, torch.device(device)
-        self.group_size = env_slots.shape[1] // cfg.worker_num_splits  # agents per group
+        shape = shape or RunShape.of(cfg, env_slots.shape[1] // cfg.num_envs_per_worker)
+        self.group_size = shape.agents_per_group
         self.random_policy = cfg.random_policy
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
         self.model.row_independent_heads = self.sync  # (the chunks' rows must not depend on each other's bits)
         run_precision(cfg, self.model, self.device, deterministic=self.sync)
         self.model.cast_for_inference()  # weights cast once per published version, not once per forward
         self.version = -1
-        self.max_requests = cfg.num_workers * cfg.worker_num_splits
+        self.max_requests = shape.groups
         # async: wait briefly for one request per rollout worker this worker serves (see run_once); the sync modes'
         # intervals end with fewer requests in flight, and their batches' composition does not change their cost
         self.batch_requests = max(1, cfg.num_workers // max(1, cfg.policy_workers_per_policy))
@@ -87,7 +90,7 @@ class PolicyWorker:
         self.T = b.rewards.shape[1]
         # env_slots [W, E * A, C] viewed as [W * splits, G, C]: request (w, g) is row w * splits + g, its G agents'
         # (slot, t[, policy])
-        self.group_slots = env_slots.view(cfg.num_workers * self.splits, self.group_size, env_slots.shape[-1]).numpy()
+        self.group_slots = env_slots.view(shape.groups, self.group_size, env_slots.shape[-1]).numpy()
         n = b.rewards.shape[0]
         self.obs_flat = {k: v.view(n * (self.T + 1), *v.shape[2:]).numpy() for k, v in b.obs.items()}
         self.rnn_flat = b.rnn_states.view(n * (self.T + 1), -1).numpy()
@@ -248,7 +251,7 @@ class PolicyWorker:
 
 
 def run_policy_worker(cfg: Config, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights,
-                      shared_state, device, policy_id: int = 0) -> None:
+                      shared_state, device, policy_id: int, shape: RunShape) -> None:
     """Process entry: `--policy_worker_torch_threads` threads; on a CPU device at the rollout workers' priority (nice
     +5), below the learner's: the learner is the costliest stage on a CPU and every frame waits for it, while a policy
     worker at the same priority as the learner takes its time slices (measured on 2 cores, doom_battle 2 workers x 8
@@ -261,7 +264,7 @@ def run_policy_worker(cfg: Config, worker_idx, obs_space, action_space, buffers,
     limit_threads(cfg.policy_worker_torch_threads)
     heartbeat = shared_state.heartbeat_slot(policy_worker_name(policy_id, worker_idx, shared_state.num_policies))
     worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device, worker_idx,
-                          policy_id, shared_state)
+                          policy_id, shared_state, shape)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
     shared_state.set_started(heartbeat)
     # a paced mode (async): no request served while the learner has --num_batches_to_accumulate batches out

@@ -54,6 +54,7 @@ import torch
 
 from typing import TYPE_CHECKING, Callable, Optional
 
+from sf.cfg.shape import RunShape
 from sf.sampling.episode_sink import episode_sink
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import slot_queued
@@ -74,10 +75,11 @@ class EnvRestartLimit(RuntimeError):
 
 class RolloutWorker:
     def __init__(self, cfg: Config, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state,
-                 on_starved: Optional[Callable[[], None]] = None):
+                 on_starved: Optional[Callable[[], None]] = None, shape: Optional[RunShape] = None):
         """queues.policy / queues.learner: one queue per policy (a single queue: a one-policy run). env_slots
         [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy). on_starved: called while no free slot is
-        available instead of waiting for one (serial mode: the learner, which frees slots, runs in this same thread)."""
+        available instead of waiting for one (serial mode: the learner, which frees slots, runs in this same thread).
+        shape: the run's (the runner's, computed once); None: this configuration's on its env (in-process tests)."""
         self.cfg, self.worker_idx = cfg, worker_idx
         self.on_starved = on_starved
         self.buffers, self.env_slots, self.queues, self.state = buffers, env_slots, queues, shared_state
@@ -87,11 +89,12 @@ class RolloutWorker:
         # full trajectory slots of the group being stepped, per policy, not yet sent to the learners
         self.finished: list[list[int]] = [[] for _ in range(self.num_policies)]
         spec = env_spec(cfg.env, cfg)
-        self.frameskip, self.A = spec.frameskip, spec.num_agents
+        self.shape = shape or RunShape.of(cfg, spec.num_agents)
+        self.frameskip, self.A = spec.frameskip, self.shape.agents_per_env
         self.num_envs = cfg.num_envs_per_worker
-        self.num_agents = self.num_envs * self.A  # this worker's agents: agent i = env i // A, its agent i % A
-        self.envs_per_group = self.num_envs // cfg.worker_num_splits
-        self.group_size = self.envs_per_group * self.A  # agents per group
+        self.num_agents = self.shape.agents_per_worker  # this worker's agents: agent i = env i // A, its agent i % A
+        self.envs_per_group = self.shape.envs_per_group
+        self.group_size = self.shape.agents_per_group
         self.T = cfg.rollout
         # training rewards: scaled and clipped (Sample Factory's --reward_scale, --reward_clip); episode statistics,
         # from the env's info["episode"], stay in the env's own units
@@ -472,7 +475,8 @@ class RolloutWorker:
                 pass
 
 
-def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shared_state, core) -> None:
+def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shared_state, core,
+                       shape: RunShape) -> None:
     """Process entry: lower priority than policy workers and learner, pinned to one core, one thread. Its envs may be
     processes of their own (VizDoom engines): however this worker ends, they end with it."""
     from sf.processes.control import add_leftover_hook, kill_descendants, limit_threads, runner_alive, set_affinity
@@ -482,7 +486,7 @@ def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shar
     set_affinity(core if cfg.set_workers_cpu_affinity else None, nice=5)
     worker = None
     try:
-        worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state)
+        worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state, shape=shape)
         worker.start()
         shared_state.set_started(worker.heartbeat)
         while not shared_state.stopping() and runner_alive():
