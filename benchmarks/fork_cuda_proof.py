@@ -53,7 +53,8 @@ def train_steps(device: str, results) -> None:
         optimizer.step()
         losses.append(loss.item())  # a device-to-host copy each step: an asynchronous CUDA error surfaces here
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "host"
-    results.put({"pid": os.getpid(), "parent": os.getppid(), "preloaded": "sf.runner.fork_server" in sys.modules,
+    results.put({"pid": os.getpid(), "parent": os.getppid(),
+                 "preloaded": "sf.runner.startup.fork_server" in sys.modules,
                  "name": psutil.Process().name(), "device": str(next(model.parameters()).device), "where": where,
                  "first": losses[0], "last": losses[-1]})
 
@@ -63,7 +64,7 @@ def env_modules(env: str | None) -> list[str]:
     if not env:
         return []
     from sf.cfg.parse import parse_cfg
-    from sf.runner.preflight import probe_env
+    from sf.runner.startup.preflight import probe_env
     with tempfile.TemporaryDirectory() as td:  # a fresh train_dir: no saved config is layered in
         cfg = parse_cfg(["--env", env, "--train_dir", td, "--experiment", "fork_proof", "--num_workers", "1"])
         return probe_env(cfg)[3]
@@ -81,7 +82,7 @@ def main() -> int:
     import torch
 
     from sf.ipc import Queue
-    from sf.runner.supervision import child_main, worker_context
+    from sf.runner.startup.supervision import child_main, worker_context
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"fork proof: FAIL: --device {args.device} but torch {torch.__version__} sees no CUDA device")
         return 1

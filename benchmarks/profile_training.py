@@ -175,7 +175,7 @@ def learner_limit(cfg, iters: int, done_rate: float) -> tuple[float, int, float,
     from sf.learning.learner import learner_threads
     from sf.model.actor_critic import create_actor_critic, run_precision
     from sf.processes.control import limit_threads
-    from sf.runner.preflight import probe_env
+    from sf.runner.startup.preflight import probe_env
     threads = learner_threads(cfg)
     limit_threads(threads)
     obs_space, action_space = probe_env(cfg)[:2]

@@ -191,7 +191,7 @@ def run_eval(args: argparse.Namespace, prog: str) -> int:
     cfg, path = resolve(args, prog)
     # (torch and the runner imported here: --help and bad input stay instant)
     from sf.runner.evaluator import Evaluator
-    from sf.runner.preflight import report_background_errors, setup_logging
+    from sf.runner.startup.preflight import report_background_errors, setup_logging
     evaluator = Evaluator(cfg)  # the last checks: the env, the checkpoints, memory
     logging.getLogger().removeHandler(setup_logging())  # the console only: nothing goes to the experiment directory
     report_background_errors()

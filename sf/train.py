@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def run(cfg: Config) -> int:
     """Train with a resolved configuration (sf.cfg.parse_cfg); returns the exit code."""
-    from sf.runner.runner import run_training
+    from sf.runner.startup.entry import run_training
     return run_training(cfg)
 
 

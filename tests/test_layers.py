@@ -23,8 +23,9 @@ LAYERS = [
 # and within a layer, these never import each other
 SEPARATE = [{"sf.learning", "sf.sampling"}]
 # where a module may import the env integrations: where envs are made, listed or configured
-MAY_IMPORT_ENVS = {"sf.cfg", "sf.sampling", "sf.runner.runner", "sf.runner.preflight", "sf.runner.fork_server",
-                   "sf.policy_loading", "sf.enjoy", "sf.eval", "sf.export", "sf.import_sf", "sf.autolayout.measure"}
+MAY_IMPORT_ENVS = {"sf.cfg", "sf.sampling", "sf.runner.runner", "sf.runner.startup.preflight",
+                   "sf.runner.startup.fork_server", "sf.policy_loading", "sf.enjoy", "sf.eval", "sf.export",
+                   "sf.import_sf", "sf.autolayout.measure"}
 
 
 def unit(module: str) -> str:

@@ -101,7 +101,7 @@ def test_keys_that_could_alias_are_refused(call):
 
 def test_data_parallel_rank_is_part_of_the_seed(tmp_path, monkeypatch):
     from sf.cfg import parse_cfg
-    from sf.runner.runner import data_parallel_world
+    from sf.runner.startup.preflight import data_parallel_world
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")

@@ -66,13 +66,13 @@ from sf.utils.files import first_line
 BLOCKING_WAIT_VARS = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
 # A NCCL collective whose peer died or hangs raises at most this long after the group's timeout: the time NCCL takes to
 # abort its communicator (asserted by tests/gpu/test_nccl_dead_peer.py). Well below the stall watchdog's grace for a
-# learner waiting on its peers (sf/runner/watchdog.py, 30 s), which must also cover writing the final checkpoint.
+# learner waiting on its peers (sf/runner/health/watchdog.py, 30 s), which must also cover writing the final checkpoint.
 NCCL_ABORT_MARGIN_SEC = 10.0
 # The learners' group's timeout (set by init_learner_group): how long a NCCL wait lasts, and named in failures
 _group_timeout: Optional[datetime.timedelta] = None
 # A NCCL collective still waiting this long after this rank was asked to stop is given up (abort_waits_on_stop): a
 # learner blocked in it shows no progress, and after a SIGTERM the final checkpoint must be written within the grace
-# period (sf/runner/stopping.py). Healthy peers asked to stop at the same time (a Ctrl-C to the job, torchrun
+# period (sf/runner/health/stopping.py). Healthy peers asked to stop at the same time (a Ctrl-C to the job, torchrun
 # stopping a machine's ranks, the budget reached at the same batch boundary) meet in the next collective well within it.
 STOP_ABORT_SEC = 3.0
 # Whether this rank was asked to stop (the learner's SharedState.stopping; None: NCCL waits run to the timeout)

@@ -13,7 +13,7 @@ batch the learner applies its policy's hyperparameters from SharedState.hyperpar
 asks it (SharedState.copy_requests, replace_from), copies another policy's published weights (its Adam moments are
 reset: they were estimated for other weights); its version goes on counting up, so policy workers pick the copy up at
 once. A copy whose source cannot be read whole is retried for PBT_COPY_WAIT_SEC, then abandoned with a warning
-(apply_population_updates). Which hyperparameters are in force after a resume: sf/runner/population.py.
+(apply_population_updates). Which hyperparameters are in force after a resume: sf/runner/population/control.py.
 
 Self-healing: a learner that died is replaced (`replacement=True`). The replacement takes the weights of the last SGD
 step its predecessor published (shared memory outlives it; the checkpoint's when the predecessor died writing them), the
@@ -134,7 +134,7 @@ class Learner:
                                              save_best_metric=cfg.save_best_metric,
                                              read_only=not self.writes,  # data-parallel: rank 0's directory
                                              # a save beats as its bytes go out: the runner waits for a final save
-                                             # that moves, however slow the disk (sf/runner/stopping.py)
+                                             # that moves, however slow the disk (sf/runner/health/stopping.py)
                                              progress=lambda: self.state.beat(self.heartbeat))
         self.frames_per_traj = cfg.rollout * frameskip
         self.trajs_per_batch = self.shape.trajs_per_batch
@@ -189,8 +189,9 @@ class Learner:
         if not same_optimizer:
             log.info("%s: optimizer state of --optimizer %s not loaded: this run uses --optimizer %s (fresh state)",
                      state.get("path", "latest checkpoint"), state.get("optimizer_kind", "adam"), self.cfg.optimizer)
-        # the optimizer state brought the saving run's hyperparameters: this run's are in force (sf/runner/population.py
-        # says which; a population's PBT values follow from SharedState before the first batch)
+        # the optimizer state brought the saving run's hyperparameters: this run's are in force
+        # (sf/runner/population/control.py says which; a population's PBT values follow from SharedState before the
+        # first batch)
         self.appo.set_hyperparams(**cfg_hyperparams(self.cfg))
         restore_rng_states(state)
         if torch.is_tensor(state.get("minibatch_rng")) and not self.appo.load_minibatch_rng(state["minibatch_rng"]):
@@ -378,8 +379,8 @@ class Learner:
         return stops == 0
 
     def finish(self) -> None:
-        """The final checkpoint (the runner waits for it while this learner beats: sf/runner/stopping.py), the final
-        weights' digest, FINISHED."""
+        """The final checkpoint (the runner waits for it while this learner beats: sf/runner/health/stopping.py), the
+        final weights' digest, FINISHED."""
         self.state.beat(self.heartbeat)
         if PAUSE_AT:
             pause("learner_final_save")
@@ -410,12 +411,12 @@ def learner_threads(cfg: Config) -> int:
 
 
 def run_learner(cfg: Config, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                frameskip, shape, policy_id=0, all_weights=None, replacement=False) -> None:
+                frameskip, shape, policy_id=0, all_weights=None, replacement=False, world=None) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
-    share them). Its data-parallel rank comes from torchrun's environment (inherited through the fork server)."""
+    share them). world: the runner's (torchrun's ranks, read once by the runner); None: torchrun's environment."""
     from sf.processes.control import bind_device, limit_threads
     bind_device(device)
     limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                      frameskip, shape, policy_id, all_weights, replacement, ranks.world_from_env())
+                      frameskip, shape, policy_id, all_weights, replacement, world or ranks.world_from_env())
     learner.run()

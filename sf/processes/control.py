@@ -1,7 +1,7 @@
 """Process control for every process of a run: the parent-death signal and the parent check a worker's loops make,
 thread counts and CPU affinity, and killing processes and their descendants together with the files they leave behind
-(through hooks the envs register: a VizDoom engine's shared memory). Used by the runner (sf/runner/supervision.py
-starts and supervises the workers) and by the workers themselves.
+(through hooks the envs register: a VizDoom engine's shared memory). Used by the runner
+(sf/runner/startup/supervision.py starts and supervises the workers) and by the workers themselves.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import psutil
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NAME = 15
-_parent_pid = None  # this child's parent when it started (set by sf.runner.supervision.child_main via set_parent)
+# this child's parent when it started (set by sf.runner.startup.supervision.child_main via set_parent)
+_parent_pid = None
 RUNNER_PID_VAR = "SF_FORK_SERVER_PARENT"  # the runner's pid, in the environment of the fork server it starts
 _leftover_hooks: list = []
 

@@ -6,7 +6,7 @@ The first process of the run that reaches a listed point creates dir/point, writ
 (SIGSTOP); a process that reaches the point later (another one, or the replacement of a killed one) goes on. Both
 variables are read once, at import: unset, a point costs one test of a global (`if PAUSE_AT: pause("...")`).
 
-Points (where a kill is hardest on the bookkeeping, sf/runner/healing.py):
+Points (where a kill is hardest on the bookkeeping, sf/runner/health/healing.py):
     rollout_worker_queued           a rollout worker marked finished trajectories queued for a learner (slot_owner) and
                                     has not put them on the learner's queue yet
     rollout_worker_trajectory_end   a rollout worker took a fresh slot for an agent whose trajectory just ended, before
@@ -14,7 +14,7 @@ Points (where a kill is hardest on the bookkeeping, sf/runner/healing.py):
     learner_two_batches_out         a learner finished an SGD step of a batch while the next batch waits for it: two
                                     batches copied out of shared memory (their slots freed), neither counted as trained
     learner_final_save              a learner asked to stop is about to write its final checkpoint (a learner that
-                                    hangs there is killed after the stall bound: sf/runner/stopping.py)
+                                    hangs there is killed after the stall bound: sf/runner/health/stopping.py)
 """
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ TRAIN = "train"
 
 
 def agent_store(world: World, timeout_sec: float):
-    """A client of torchrun's store (the start verdict below; a population's PBT: sf/runner/population_link.py), or None
+    """A client of torchrun's store (the start verdict below; a population's PBT: sf/runner/population/link.py), or None
     (one rank, or a launcher without torchrun's agent store)."""
     if not world.distributed or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None

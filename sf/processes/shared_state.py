@@ -36,7 +36,7 @@ is a view of one shared storage (sf.utils.packed), so that a process receiving t
                                     process still starting gets a longer stall timeout (engines start slowly on a
                                     loaded machine)
 
-Self-healing (a dead process is replaced in place; sf/runner/healing.py):
+Self-healing (a dead process is replaced in place; sf/runner/health/healing.py):
     epoch           [W]     int64   per rollout worker: requests for actions carry the epoch they were sent in; policy
                                     workers serve only requests of the current epoch. The runner bumps it to void every
                                     request in flight (the worker died, or a policy worker that had taken some did)
@@ -81,7 +81,7 @@ def shared_hyperparams(cfg) -> dict[str, float]:
 # out). Who writes them: a rollout worker marks a slot its own after taking it off the free list and queued(p) before
 # putting it on the queue; learner p marks held(p) after taking slots off its queue and FREE before putting them back on
 # the free list. Both inside a move (`moving`): a process killed in one leaves a slot off its queue with the queue's
-# mark, which the runner's census finds (sf/runner/healing.py)
+# mark, which the runner's census finds (sf/runner/health/healing.py)
 SLOT_FREE = -1
 
 

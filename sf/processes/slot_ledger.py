@@ -4,9 +4,9 @@ that change it (SharedState.moving, a learner's SharedState.released) and the ru
 A move is the moment a slot's mark and its place may disagree: between taking slots off a queue and marking them its
 own, or between marking them for a queue and putting them there. A process opens a move (its counter odd), checks the
 census flag, moves slots only if no census runs, and closes the move (even) whatever happens inside it. A process
-SIGKILLed inside a move leaves its counter odd: the runner then counts the slots (sf/runner/healing.py), which it may do
-only once no live process is inside a move (it raises the flag and waits for every odd counter of the living to turn
-even), and puts every slot found off the queue its mark names on that queue.
+SIGKILLed inside a move leaves its counter odd: the runner then counts the slots (sf/runner/health/healing.py), which
+it may do only once no live process is inside a move (it raises the flag and waits for every odd counter of the living
+to turn even), and puts every slot found off the queue its mark names on that queue.
 
     with ledger.move(wait=CENSUS_PAUSE_SEC) as ok:     # moving[row] odd inside, even after (the body may raise)
         if ok:                                         # False while the runner counts slots: move nothing
@@ -52,7 +52,7 @@ class SlotLedger:
         """A learner's move returning the slots of copied-out trajectories of `frames` env frames: opened by the store
         that counts them as copied out (SharedState.released odd), once no census runs (it waits CENSUS_PAUSE_SEC
         between tries); closed (even) after the body. A body that raises leaves it open: the learner dies with it, and
-        the runner's reclaim frees the slots it still held (sf/runner/healing.py)."""
+        the runner's reclaim frees the slots it still held (sf/runner/health/healing.py)."""
         released, p = self._released, self.policy
         before, after = self.released_frames, self.released_frames + frames
         while True:

@@ -1,7 +1,7 @@
-"""Runner: the run's lifecycle, in the order of the data flow. Pre-flight (sf/runner/preflight.py) checks everything
-before anything is written; build() allocates what the processes share (trajectory buffers, weights, counters, queues)
-once; start_processes() starts every process; supervise() watches them until the budget, a signal or a failure;
-stop_processes() stops them (always with a final checkpoint from the learner).
+"""Runner: the run's lifecycle, in the order of the data flow. Pre-flight (sf/runner/startup/preflight.py) checks
+everything before anything is written; build() allocates what the processes share (trajectory buffers, weights,
+counters, queues) once; start_processes() starts every process; supervise() watches them until the budget, a signal or
+a failure; stop_processes() stops them (always with a final checkpoint from the learner).
 
     rollout workers --(w, group)--> policy queue [p] --> policy workers of p --group--> worker queues
     rollout workers --slot--> learner queue [p] --> learner p --slot--> free queue --> rollout workers
@@ -11,11 +11,12 @@ With one policy (the default) there is one of each; a population (--num_policies
 request queue, learner queue and weights per policy, and the rollout workers route each agent by its policy.
 
 Supervision: the runner's step (reports, frames, population, console and TensorBoard) is the same in serial mode
-(sf/runner/serial.py: every component in this process); the stall watchdog is sf/runner/watchdog.py.
+(sf/runner/serial.py: every component in this process); the stall watchdog is sf/runner/health/watchdog.py.
 Self-healing (--max_restarts_per_hour, asynchronous mode): a process that dies (a signal, an exception, or a stall the
-watchdog ends) is replaced in place by one of the same name, index and core while the others go on (sf/runner/healing.py
-makes whole what it left); errors a replacement could not mend (a checkpoint that cannot be written, an env failing
-more than --max_env_restarts times) and deaths before the run started training stop the run, as does a crash loop.
+watchdog ends) is replaced in place by one of the same name, index and core while the others go on
+(sf/runner/health/healing.py makes whole what it left); errors a replacement could not mend (a checkpoint that cannot
+be written, an env failing more than --max_env_restarts times) and deaths before the run started training stop the run,
+as does a crash loop.
 """
 from __future__ import annotations
 
@@ -32,31 +33,28 @@ import torch
 
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
-from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device, save_cfg
+from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device
 from sf.cfg.shape import RunShape
 from sf.learning.appo import exploration_loss_problem
 from sf.learning.learner import checkpoint_meta, run_learner
 from sf.model.action_spaces import check_action_mask
 from sf.model.actor_critic import create_actor_critic
 from sf.processes import ranks
-from sf.processes.control import StopRequests, add_leftover_hook, become_subreaper, bind_device, kill_tree
+from sf.processes.control import add_leftover_hook, become_subreaper, bind_device, kill_tree
 from sf.processes.fds import MAX_FDS_SENT, fds_sent
-from sf.processes.shared_state import VERSION, SharedState, learner_name, policy_worker_name
-from sf.runner import tracking
-from sf.runner.experiment_lock import ExperimentLock, run_holding
-from sf.runner.healing import Healer, audit_slots, exit_cause, memory_mib, process_kind
-from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams, record
-from sf.runner.population_link import PopulationLink
-from sf.runner.preflight import (already_trained, check_checkpoint, check_memory, data_parallel_world, follow_rank0,
-                                 nothing_to_train, prepare_experiment_dir, probe_env, remove_leftovers,
-                                 report_background_errors, setup_logging, telling_other_ranks)
+from sf.processes.shared_state import SharedState, learner_name, policy_worker_name
+from sf.runner import run_log, tracking
+from sf.runner.health.deaths import ProcessHealth
+from sf.runner.health.healing import audit_slots, memory_mib
+from sf.runner.health.stopping import sigterm_deadline, stop_processes
+from sf.runner.population.control import PopulationControl, fill_shared, initial_hyperparams, record
+from sf.runner.population.link import PopulationLink
 from sf.runner.queues import close_queues, learner_queues, make_queues, policy_queues, worker_queues
-from sf.runner.reports import ReportReader
 from sf.runner.serial import run_serial
-from sf.runner.stats import RunStats, format_duration, progress_bar
-from sf.runner.stopping import checkpoint_note, sigterm_deadline, stop_processes
-from sf.runner.supervision import TRACE_LOG, child_args, child_main, kill_adopted, worker_context
-from sf.runner.watchdog import StallWatchdog
+from sf.runner.startup.experiment_lock import ExperimentLock, run_holding
+from sf.runner.startup.preflight import check_checkpoint, check_memory, probe_env
+from sf.runner.startup.supervision import child_args, child_main, kill_adopted, worker_context
+from sf.runner.stats import RunStats
 from sf.sampling.policy_worker import run_policy_worker
 from sf.sampling.rollout_worker import run_rollout_worker
 from sf_envs.registry import env_spec, process_leftover_files
@@ -67,50 +65,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("sf")
 
 
-def run_training(cfg: Config) -> int:
-    """train.py's body. Every check runs first (the env, the model, the checkpoint to resume, memory); then the
-    experiment's lock is taken (another run of it: refused); only then is anything on disk touched: the experiment
-    directory, config.json (atomically), the log, the run. A resumed experiment whose budget is reached already
-    touches nothing at all."""
-    early = setup_logging()  # the checks' warnings reach the console now and the log file once it exists
-    report_background_errors()
-    cfg, world = data_parallel_world(cfg)
-    tracking.check(cfg)  # --with_wandb: wandb imports
-    remove_leftovers()  # what killed runs left in /dev/shm (before the runner's memory check)
-    if world.rank > 0:  # the experiment directory is rank 0's (a population: this rank's checkpoints; no log file)
-        runner = Runner(cfg, world)
-        logging.getLogger().removeHandler(early)
-        code = follow_rank0(cfg, world, runner.resumed, runner.exp_dir)  # (its own files, else rank 0's verdict)
-        return runner.run() if code is None else code
-    with telling_other_ranks(world, cfg.distributed_timeout_sec):  # (whether the run starts; why not, if it fails)
-        runner = Runner(cfg, world)
-        # One run per experiment (sf/runner/experiment_lock.py): taken before anything of it is moved, deleted or
-        # written, held until the run and its learners end; a second runner is refused in one line (exit code 2)
-        runner.lock = ExperimentLock.acquire(cfg.train_dir, cfg.experiment)
-        try:
-            # (the checkpoints were read before the lock: a run that ended since only trained more)
-            if already_trained(cfg, runner.resumed, world):
-                return nothing_to_train(cfg, runner.resumed, world, runner.exp_dir)
-            exp_dir = prepare_experiment_dir(cfg)
-            save_cfg(cfg, exp_dir)
-            try:
-                setup_logging(exp_dir, early)
-            except OSError as e:
-                raise RunError(f"cannot write the log {exp_dir / 'sf_log.txt'}: {e.strerror or e}") from None
-            ranks.publish_start(world, timeout_sec=cfg.distributed_timeout_sec)
-            return runner.run()
-        finally:  # (a process of the run that could not be killed still holds it: its file stays, locked)
-            runner.lock.release(remove=not any(p.is_alive() for p in getattr(runner, "procs", {}).values()))
-
-
-class Runner:
+class Runner(ProcessHealth):
     stopping_note = "stopping (final checkpoint)"  # the console line of a first Ctrl-C / SIGTERM
     poll_sec = 0.1  # the supervision loop's period
 
     def __init__(self, cfg: Config, world: ranks.World | None = None):
-        """Checks only (sf/runner/preflight.py): the env runs, then _check_policies (the model fits the checkpoint to
-        resume, the run fits in memory). Nothing is written or allocated here (build() does that when the run starts).
-        world: torchrun's ranks (one by default)."""
+        """Checks only (sf/runner/startup/preflight.py): the env runs, then _check_policies (the model fits the
+        checkpoint to resume, the run fits in memory). Nothing is written or allocated here (build() does that when the
+        run starts). world: torchrun's ranks (one by default)."""
         self.cfg, self.exp_dir = cfg, experiment_dir(cfg)
         self.world = world or ranks.World()
         add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
@@ -147,7 +109,7 @@ class Runner:
         # each policy's checkpoint: (version, frames)
         self.resumed: list[tuple[int, int]] = check_checkpoint(cfg, self.exp_dir, self.meta, self.world)
         # PBT's state: a resumed run's pbt_state.json is read (and checked) here, written only once the run started
-        # (under torchrun rank 0's decides for every rank's policies: sf/runner/population_link.py)
+        # (under torchrun rank 0's decides for every rank's policies: sf/runner/population/link.py)
         self.population = (PopulationControl(cfg, self.exp_dir, self.shaping)
                            if cfg.with_pbt and self.num_policies > 1 and self.world.rank == 0 else None)
 
@@ -174,7 +136,7 @@ class Runner:
         if self.cfg.with_pbt and self.num_policies > 1:
             record(self.stats, hyper)
         self._build_supervision()
-        self._log_layout()
+        run_log.log_layout(self)
 
     def _build_shared(self) -> list[dict]:
         """What every process shares: trajectory buffers, weights, counters, queues; the hyperparameters (returned)."""
@@ -199,54 +161,6 @@ class Runner:
         """Each policy's weights in shared memory (its learner publishes them)."""
         return [SharedWeights(create_actor_critic(self.cfg, self.obs_space, self.action_space), self.device)
                 for _ in range(self.num_policies)]
-
-    def _build_supervision(self) -> None:
-        """The supervisor's bookkeeping: processes, their reported deaths, the report reader, the stall watchdog, the
-        healer."""
-        cfg = self.cfg
-        self.procs: dict[str, torch.multiprocessing.Process] = {}
-        self.stack_files: dict[str, int] = {}  # process name -> descriptor of its stack-dump file (in that process)
-        self.exit_code = 0
-        self.stop_requests = StopRequests()  # SIGINT/SIGTERM requests counted (interrupts)
-        self.sigterm_at: float | None = None  # time.monotonic() of the first SIGTERM: the stop fits its grace period
-        self.reported: set[str] = set()  # processes whose death was already reported (one line each)
-        self.causes: dict[str, str] = {}  # process -> how it failed (its exception, a stall), for its restart line
-        self.reports = ReportReader(cfg, self.queues.report, self.stats, self.state, self.stack_files, self._crashed)
-        self.watchdog = StallWatchdog(cfg, self.state, self.world, self.procs, self.stack_files, self.causes,
-                                      self.reports.drain)
-        self.healer = Healer(cfg, self.state, self.queues, self.spec.frameskip)
-        self.healing = cfg.mode.heals
-        if self.healing:
-            self.stats.faults = self.healer.scalars()
-        self.own_children: set[int] = set()
-        self.learner_ready = False  # the learner loaded its checkpoint and published its first weights
-
-    def _log_layout(self) -> None:
-        """The run's first lines: the notes of the configuration, the experiment, the population, the mode."""
-        cfg, P = self.cfg, self.num_policies
-        for note in cfg._notes:
-            log.info("%s", note)
-        log.info("Experiment %s: env %s, device %s, %d rollout workers x %d envs, %d trajectory slots (%.0f MiB), "
-                 "seed %d", self.exp_dir, cfg.env, self.device, cfg.num_workers, cfg.num_envs_per_worker,
-                 self.shape.slots, self.buffer_bytes / 2**20, cfg.seed)
-        playing = self.shape.agents  # agents in all, playing at once
-        if P > 1 or self.shape.agents_per_env > 1:
-            log.info("Population: %d policies (%s), %d agents per env (%d agents in all), policy mapping %s%s", P,
-                     "population-based training" + (", resumed" if self.population and self.population.resumed else "")
-                     if cfg.with_pbt else "independent", self.shape.agents_per_env, playing, cfg.policy_mapping,
-                     f" (new draw every {cfg.policy_resample_episodes} episodes of an env)"
-                     if cfg.policy_mapping != "fixed" and P > 1 else "")
-        here = len(self.policies)  # (a population under torchrun: this rank's; its agents play only them)
-        if here > playing:  # (--policy_mapping fixed is refused in preflight then)
-            log.warning("Population: %d policies but %d agent(s) play at once: the others wait for a draw (each "
-                        "rollout worker draws every policy once per %d draws, a draw every %d episodes of an env), "
-                        "and the run ends when every policy has trained --train_for_env_steps", here, playing, here,
-                        cfg.policy_resample_episodes)
-        mode = cfg.mode.line.format(batch=self.shape.samples_per_batch,
-                                    steps=cfg.mode.minibatches(cfg) * cfg.num_epochs)
-        log.info("Mode: %s", mode)
-        if self.stats.enabled:
-            self.stats.writer.add_text("config/mode", mode)
 
     # --- start ---
     def _start(self, name: str, target, *args, unwind: bool = False) -> None:
@@ -289,7 +203,7 @@ class Runner:
         # lock outlives a killed runner until the learner is gone as well
         self._start(name, run_holding, self.lock, run_learner, self.cfg, self.obs_space, self.action_space,
                     self.buffers, learner_queues(self.queues, p), self.weights[p], self.state, self.device,
-                    self.exp_dir, self.spec.frameskip, self.shape, p, self.weights, replacement)
+                    self.exp_dir, self.spec.frameskip, self.shape, p, self.weights, replacement, self.world)
         return name
 
     def _start_policy_worker(self, p: int, i: int) -> str:
@@ -302,7 +216,7 @@ class Runner:
     def _start_rollout_worker(self, w: int) -> str:
         name = f"rollout_worker_{w}"
         self._start(name, run_rollout_worker, self.cfg, w, self.buffers, self.env_slots, worker_queues(self.queues, w),
-                    self.state, w, self.shape, unwind=True)
+                    self.state, w, self.shape, list(self.policies), unwind=True)
         return name
 
     # --- run ---
@@ -330,7 +244,7 @@ class Runner:
                 # after the run stopped in order must not kill the process on its way out (exit code -15)
                 signal.signal(s, signal.SIG_IGN if s == signal.SIGTERM and self.stop_requests.count else h)
             self._finish(start)
-        self._log_done(start)
+        run_log.log_done(self, start)
         return self.exit_code
 
     def _begin(self) -> dict:
@@ -356,7 +270,7 @@ class Runner:
         last summaries; the statistics and queues closed."""
         self.reports.drain()
         self._update_frames()
-        self._log_progress(start)  # a final report line, however short the run
+        run_log.log_progress(self, start)  # a final report line, however short the run
         if self.healing:
             log.info("Faults: %s", self.healer.summary())
         if self.cfg.mode.frees_slots and not self.cfg.mode.serial:
@@ -368,31 +282,6 @@ class Runner:
         if self.stats.tracker is not None:
             self.stats.tracker.finish(self.exit_code)
         self.close_queues()
-
-    def _log_done(self, start: float) -> None:
-        """The last line: the experiment's counters (a learner that never started leaves its checkpoint's), this run's
-        time and rate, and the checkpoints on disk as they are (checkpoint_note: final, or the last one kept, or
-        none)."""
-        frames = sum(max(now, before) for now, (_, before) in zip(self.state.policy_env_steps(), self.resumed))
-        versions = [max(p.version, int(self.state.learner[i, VERSION])) for i, p in enumerate(self.stats.policies)]
-        wall = time.time() - start
-        rate = (frames - self.stats.start_frames) / max(wall, 1e-9)
-        board = f"TensorBoard: tensorboard --logdir {self.exp_dir.parent}"
-        skipped = self.stats.skipped_note()
-        saved = (f"{checkpoint_note(self.exp_dir, self.policies, self.reports.final_checkpoints)}; {board}"
-                 if self.world.rank == 0 or not self.data_parallel else "(rank 0 writes the checkpoints)")
-        if self.data_parallel:
-            log.info("Done (rank %d of %d): %d env frames in %s (%.0f frames/s), policy version %d (%s); all ranks: %d "
-                     "env frames trained. %s", self.world.rank, self.world.world_size, frames, format_duration(wall),
-                     rate, versions[0], skipped, max(self.trained_frames(), self.world.world_size * frames), saved)
-        elif self.num_policies == 1:
-            log.info("Done: %d env frames in %s (%.0f frames/s), policy version %d (%s). %s", frames,
-                     format_duration(wall), rate, versions[0], skipped, saved)
-        else:  # (a population under torchrun: this rank's policies, in its own experiment directory)
-            here = (f"rank {self.world.rank} of {self.world.world_size}: policies {', '.join(map(str, self.policies))}"
-                    if self.world.distributed else "all policies")
-            log.info("Done: %d env frames (%s) in %s (%.0f frames/s), policy versions %s (%s). %s", frames, here,
-                     format_duration(wall), rate, ", ".join(str(versions[p]) for p in self.policies), skipped, saved)
 
     # --- supervise ---
     def supervise(self, start: float) -> None:
@@ -422,7 +311,7 @@ class Runner:
         now = time.time()
         if now - self.last_report >= self.cfg.report_interval_sec:
             self._update_memory()
-            self._log_progress(start)
+            run_log.log_progress(self, start)
             self.last_report = now
         if now - self.last_summary >= self.cfg.experiment_summaries_interval:
             self.stats.write_summaries()
@@ -441,81 +330,11 @@ class Runner:
         return (self.trained_frames() >= self.cfg.train_for_env_steps
                 or time.time() - start >= self.cfg.train_for_seconds)
 
-    def _check_processes(self) -> bool:
-        """Replace a process that died (self-healing), or return False (and stop with exit code 1) where it cannot be:
-        healing off, a death before training started, an error a replacement cannot mend, a crash loop. An error
-        report comes first (the process exits at once): its line is the one report of that death."""
-        for name, p in list(self.procs.items()):
-            if p.exitcode is not None and name not in self.reported and not (p.exitcode == 0 and self.state.stopping()):
-                self.reports.drain()
-                if name in self.reported:  # its error stopped the run
-                    continue
-                # (a data-parallel learner is not replaced: a new one could not join the ranks' group)
-                if self.healing and self.learner_ready and not self.state.stopping() and not (
-                        self.data_parallel and process_kind(name) == "learner"):
-                    self._replace(name, p)
-                    continue
-                log.error("%s %s; stopping the run", name, self.causes.pop(name, None) or
-                          f"exited unexpectedly ({exit_cause(p.exitcode)})")
-                self.reported.add(name)
-                self.exit_code = 1
-                self.state.request_stop()
-        return not self.state.stopping()
-
-    def _replace(self, name: str, proc) -> None:
-        """Start a process in place of `name`, which died (Healer.replace), or stop the run (exit code 1) if that would
-        be a crash loop."""
-        cause = self.causes.pop(name, None) or exit_cause(proc.exitcode)
-        starters = {"rollout_worker": self._start_rollout_worker, "policy_worker": self._start_policy_worker,
-                    "learner": functools.partial(self._start_learner, replacement=True)}
-        if not self.healer.replace(name, proc, cause, self.procs, self.env_slots, self.own_children, starters):
-            self.reported.add(name)
-            self.exit_code = 1
-            self.state.request_stop()
-            return
-        self.stats.faults = self.healer.scalars()
-
-    def _check_stalls(self) -> bool:
-        """The stall watchdog's look (sf/runner/watchdog.py): False (and a stop with exit code 1) if a process is stuck
-        and cannot be replaced, or if this rank's launcher (torchrun) died."""
-        if self.watchdog.check(healing=self.healing and self.learner_ready) and not self.watchdog.launcher_gone():
-            return True
-        self.exit_code = 1
-        return False
-
-    def _crashed(self, name: str, tb: str, fatal: bool = True) -> None:
-        """A process (or, in serial mode, a component) raised: one line on the console, the traceback in the log file.
-        The run stops with exit code 1, unless the process is to be replaced (self-healing; not for a `fatal` error,
-        which a replacement would meet again: a checkpoint that cannot be written, an env that keeps failing)."""
-        last = tb.strip().splitlines()[-1] if tb.strip() else "(no message)"
-        where = self.exp_dir / "sf_log.txt" if self.world.rank == 0 else "the lines below: this rank writes no files"
-        log.error("%s crashed: %s (traceback in %s)", name, last, where)
-        logging.getLogger(TRACE_LOG).error("%s crashed:\n%s", name, tb.rstrip())
-        if not fatal and self.healing and self.learner_ready and not self.state.stopping():
-            self.causes[name] = f"raised {last}"
-            return
-        self.reported.add(name)
-        self.exit_code = 1
-        self.state.request_stop()
-
     def _update_memory(self) -> None:
         self.stats.memory = memory_mib(self.procs)
 
     def _update_frames(self) -> None:
         self.stats.add_frames(int(self.state.worker_frames.sum()))
-
-    def _log_progress(self, start: float) -> None:
-        """The report line, with a progress bar and ETA toward whichever budget is closer to its end."""
-        first = self.stats.start_frames // self.num_policies  # a resumed run counts from where it started
-        log.info("%s%s", self.stats.report_line(), progress_bar(self.trained_frames() - first,
-                                                                self.cfg.train_for_env_steps - first,
-                                                                time.time() - start, self.cfg.train_for_seconds))
-        if self.data_parallel and self.world.rank == 0:
-            now, collected = time.time(), float(self.state.world_frames[1])
-            then, before = self.world_report
-            log.info("All %d ranks: %d env frames collected (%.1f frames/s), %d trained", self.world.world_size,
-                     collected, (collected - before) / max(now - then, 1e-9), self.trained_frames())
-            self.world_report = (now, collected)
 
     @property
     def interrupts(self) -> int:
@@ -538,7 +357,7 @@ class Runner:
     # --- stop ---
     def stop_processes(self) -> None:
         """Ask everyone to stop; wait for each learner's final checkpoint while it progresses, the others a bounded
-        time; after a SIGTERM, everything within --sigterm_grace_sec (sf/runner/stopping.py)."""
+        time; after a SIGTERM, everything within --sigterm_grace_sec (sf/runner/health/stopping.py)."""
         learners = {learner_name(p, self.num_policies): p for p in self.policies}
         if stop_processes(self.procs, self.state, learners, self.reports.drain, self.watchdog.stuck_in_stop,
                           lambda: sigterm_deadline(self.sigterm_at, self.cfg.sigterm_grace_sec)):

@@ -49,7 +49,8 @@ def run_serial(runner, start: float) -> None:
     try:
         for index in range(cfg.num_workers):
             workers.append(RolloutWorker(cfg, index, runner.buffers, runner.env_slots, worker_queues(q, index),
-                                         runner.state, on_starved=starved, shape=runner.shape))
+                                         runner.state, on_starved=starved, shape=runner.shape,
+                                         policies=list(runner.policies)))
             workers[-1].start()
         while not runner.state.stopping():
             for policy in policies:

@@ -21,7 +21,6 @@ A sink is a part of its worker: it reads and writes the worker's arrays (slots, 
 from __future__ import annotations
 
 from sf.model.action_spaces import draw_action_noise
-from sf.processes.ranks import world_from_env
 from sf.sampling.evaluation import EVAL_REPORT, EvalEpisodes
 from sf.sampling.policy_mapping import PolicyMapping
 from sf.seeding import POLICY_MAPPING, run_seed, stream_seed
@@ -62,8 +61,7 @@ class TrainingSink:
                                      cfg.policy_resample_episodes,
                                      cfg.pbt_mix_policies_in_one_env, w.worker_idx * w.num_envs,
                                      stream_seed(run_seed(cfg), POLICY_MAPPING, w.worker_idx),
-                                     w.num_envs // cfg.worker_num_splits, run_seed(cfg),
-                                     world_from_env().policies(w.num_policies))  # (torchrun: this rank's)
+                                     w.envs_per_group, run_seed(cfg), w.policies_here)  # (torchrun: this rank's)
         self.group_envs = [range(g * w.envs_per_group, (g + 1) * w.envs_per_group) for g in range(w.splits)]
 
     def next_slot(self, i: int, interval: int) -> int:

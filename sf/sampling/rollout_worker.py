@@ -29,13 +29,13 @@ belongs to the policy that started it: when an agent changes policy at an episod
 still goes to the old policy's learner, which masks the steps the new policy acted (buffers.policy_ids), and the agent's
 next slot goes to the new policy.
 
-Self-healing (sf/runner/healing.py): a request carries the worker's epoch (message (w, epoch * splits + g), the reply
-the same code); the runner voids the requests in flight by bumping SharedState.epoch (this worker died, or a policy
-worker that may have taken some did) and, once no policy worker still serves one, sets epoch_go: the worker then works
-in the new epoch, ignores replies of older ones and re-sends the requests it still awaits. Every slot it takes or hands
-to a learner is marked in SharedState.slot_owner, inside a move (SharedState.moving), and each agent's (slot, t) in
-env_slots is published at every step, so that the runner can reclaim a dead worker's slots and count exactly the frames
-they held (a slot of this worker that no agent's entry names is full). A replacement worker goes on counting this
+Self-healing (sf/runner/health/healing.py): a request carries the worker's epoch (message (w, epoch * splits + g), the
+reply the same code); the runner voids the requests in flight by bumping SharedState.epoch (this worker died, or a
+policy worker that may have taken some did) and, once no policy worker still serves one, sets epoch_go: the worker then
+works in the new epoch, ignores replies of older ones and re-sends the requests it still awaits. Every slot it takes or
+hands to a learner is marked in SharedState.slot_owner, inside a move (SharedState.moving), and each agent's (slot, t)
+in env_slots is published at every step, so that the runner can reclaim a dead worker's slots and count exactly the
+frames they held (a slot of this worker that no agent's entry names is full). A replacement worker goes on counting this
 worker's frames.
 
 Modes: where the slots come from and the trajectories and episodes go (async and hts/ppo training, sf.eval's evaluation
@@ -75,17 +75,20 @@ class EnvRestartLimit(RuntimeError):
 
 class RolloutWorker:
     def __init__(self, cfg: Config, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state,
-                 on_starved: Optional[Callable[[], None]] = None, shape: Optional[RunShape] = None):
+                 on_starved: Optional[Callable[[], None]] = None, shape: Optional[RunShape] = None,
+                 policies: Optional[list[int]] = None):
         """queues.policy / queues.learner: one queue per policy (a single queue: a one-policy run). env_slots
         [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy). on_starved: called while no free slot is
         available instead of waiting for one (serial mode: the learner, which frees slots, runs in this same thread).
-        shape: the run's (the runner's, computed once); None: this configuration's on its env (in-process tests)."""
+        shape: the run's (the runner's, computed once); None: this configuration's on its env (in-process tests).
+        policies: the policies that play on this rank (the runner's, from torchrun's world); None: every policy."""
         self.cfg, self.worker_idx = cfg, worker_idx
         self.on_starved = on_starved
         self.buffers, self.env_slots, self.queues, self.state = buffers, env_slots, queues, shared_state
         self.policy_queues = queues.policy if isinstance(queues.policy, (list, tuple)) else [queues.policy]
         self.learner_queues = queues.learner if isinstance(queues.learner, (list, tuple)) else [queues.learner]
         self.num_policies = len(self.policy_queues)
+        self.policies_here = list(range(self.num_policies)) if policies is None else list(policies)
         # full trajectory slots of the group being stepped, per policy, not yet sent to the learners
         self.finished: list[list[int]] = [[] for _ in range(self.num_policies)]
         spec = env_spec(cfg.env, cfg)
@@ -475,8 +478,8 @@ class RolloutWorker:
                 pass
 
 
-def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shared_state, core,
-                       shape: RunShape) -> None:
+def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shared_state, core, shape: RunShape,
+                       policies: list[int]) -> None:
     """Process entry: lower priority than policy workers and learner, pinned to one core, one thread. Its envs may be
     processes of their own (VizDoom engines): however this worker ends, they end with it."""
     from sf.processes.control import add_leftover_hook, kill_descendants, limit_threads, runner_alive, set_affinity
@@ -486,7 +489,8 @@ def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shar
     set_affinity(core if cfg.set_workers_cpu_affinity else None, nice=5)
     worker = None
     try:
-        worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state, shape=shape)
+        worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state, shape=shape,
+                               policies=policies)
         worker.start()
         shared_state.set_started(worker.heartbeat)
         while not shared_state.stopping() and runner_alive():

@@ -62,7 +62,7 @@ def test_unknown_name_lists_the_valid_ones(tmp_path, capsys):
 
 
 def test_missing_mujoco_is_one_line(monkeypatch, tmp_path):
-    from sf.runner.preflight import probe_env
+    from sf.runner.startup.preflight import probe_env
     cfg = parse_cfg(["--env", "mujoco_hopper", "--train_dir", str(tmp_path)])  # the preset needs no mujoco
     monkeypatch.setitem(sys.modules, "mujoco", None)  # as if not installed: find_spec() and import fail
     with pytest.raises(EnvUnavailableError) as e:

@@ -236,9 +236,9 @@ def test_num_workers_auto_measures_on_the_device(device, tmp_path):
 
 def _train_step(device, cfg, obs_space, action_space, send) -> None:
     """In a process forked by the fork server: the doom model on `device`, a forward, a backward and an Adam step; sends
-    (the loss, the parameters' device, whether the fork server had imported sf.runner.fork_server, the parent's pid,
-    the fork server's driver checks, inherited: taken before this process touched CUDA), or the traceback (and exits
-    1)."""
+    (the loss, the parameters' device, whether the fork server had imported sf.runner.startup.fork_server, the parent's
+    pid, the fork server's driver checks, inherited: taken before this process touched CUDA), or the traceback (and
+    exits 1)."""
     import traceback
 
     import torch
@@ -260,7 +260,8 @@ def _train_step(device, cfg, obs_space, action_space, send) -> None:
     except BaseException:  # the test's failure message: the GPU machine is lent rarely, its stderr is not kept
         send.send(traceback.format_exc())
         raise
-    send.send((float(loss.detach()), str(next(model.parameters()).device), "sf.runner.fork_server" in sys.modules,
+    send.send((float(loss.detach()), str(next(model.parameters()).device),
+               "sf.runner.startup.fork_server" in sys.modules,
                os.getppid(), checks))
 
 
@@ -274,8 +275,8 @@ def test_a_worker_forked_by_the_fork_server_trains_on_cuda(tmp_path):
     cuDeviceGetCount answered CUDA_ERROR_NOT_INITIALIZED; None would be no driver found)."""
     pytest.importorskip("vizdoom")
     from sf.cfg import parse_cfg
-    from sf.runner.preflight import probe_env
-    from sf.runner.supervision import worker_context
+    from sf.runner.startup.preflight import probe_env
+    from sf.runner.startup.supervision import worker_context
     cfg = parse_cfg(["--env", "doom_basic", "--train_dir", str(tmp_path), "--device", "cuda"])
     obs_space, action_space, _, env_modules, _ = probe_env(cfg)  # as the runner: the modules making an env imported
     server = multiprocessing.forkserver._forkserver

@@ -159,8 +159,8 @@ def test_nothing_left_in_dev_shm():
 
 def _get_until_interrupted(q, ready):
     # Python's own SIGINT handler, whatever the fork server passed on: a fork server that an earlier test of this
-    # process started with the runner's preload (sf.runner.fork_server) hands its children SIGINT ignored, as the
-    # runner's workers want it
+    # process started with the runner's preload (sf.runner.startup.fork_server) hands its children SIGINT ignored, as
+    # the runner's workers want it
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         ready.value = 1

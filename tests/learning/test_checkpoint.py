@@ -855,7 +855,7 @@ def test_learner_that_trained_nothing_rewrites_nothing(tmp_path):
     from sf.learning.learner import Learner
     from sf.model.actor_critic import create_actor_critic
     from sf.processes.shared_state import SharedState
-    from sf.runner.population import fill_shared, initial_hyperparams
+    from sf.runner.population.control import fill_shared, initial_hyperparams
     from sf_envs.registry import make_env
 
     cfg = parse_cfg(["--env", "test_corridor", "--experiment", "e", "--train_dir", str(tmp_path), "--num_workers", "1",

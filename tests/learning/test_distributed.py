@@ -541,7 +541,7 @@ def test_a_population_is_placed_policy_p_on_rank_p_mod_world_size_and_one_policy
 ])
 def test_what_torchrun_runs_cannot_place_is_one_line(tmp_path, monkeypatch, flags, needle):
     from sf.cfg import ConfigError, parse_cfg
-    from sf.runner.preflight import data_parallel_world
+    from sf.runner.startup.preflight import data_parallel_world
     for k, v in dict(RANK="1", WORLD_SIZE="4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1").items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)  # (a launcher other than torchrun)
@@ -559,7 +559,7 @@ def test_a_new_population_run_past_rank_0_refuses_its_machines_old_checkpoints(t
     check."""
     from sf.cfg import ConfigError, parse_cfg
     from sf.processes.ranks import World
-    from sf.runner.preflight import check_rank_directory
+    from sf.runner.startup.preflight import check_rank_directory
     exp = tmp_path / "pop"
     (exp / "checkpoint_p3").mkdir(parents=True)
     (exp / "checkpoint_p3" / "checkpoint_000000004_512.pth").write_bytes(b"x")

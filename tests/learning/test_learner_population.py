@@ -20,7 +20,7 @@ from sf.ipc import Queue
 from sf.learning.learner import Learner
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.shared_state import ENV_STEPS, SharedState
-from sf.runner.population import PopulationControl, fill_shared, initial_hyperparams, record, request_copy
+from sf.runner.population.control import PopulationControl, fill_shared, initial_hyperparams, record, request_copy
 from sf.runner.stats import RunStats, read_event_scalars
 from sf_envs.registry import make_env
 
@@ -312,7 +312,8 @@ def test_resumed_learner_trains_with_the_configurations_hyperparameters(tmp_path
 def write_pbt_state(tmp_path, values: list[dict]):
     """A pbt_state.json whose policies hold `values` (a run that mutated them), and its config.json."""
     from sf.cfg import save_cfg
-    from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
+    from sf.runner.population.pbt import PopulationBasedTraining
+    from sf.runner.population.pbt_settings import PbtSettings, default_hyper_specs
     cfg = make_cfg(tmp_path, "--with_pbt", "True", policies=len(values))
     pbt = PopulationBasedTraining(len(values), PbtSettings(), values[0], default_hyper_specs(), 1)
     state = pbt.state_dict()

@@ -161,7 +161,7 @@ class LearnerRig:
         from sf.buffers.trajectory_buffers import TrajectoryBuffers
         from sf.ipc import Queue
         from sf.processes.shared_state import SharedState
-        from sf.runner.population import fill_shared, initial_hyperparams
+        from sf.runner.population.control import fill_shared, initial_hyperparams
         from sf_envs.registry import make_env
 
         self.tmp_path = tmp_path

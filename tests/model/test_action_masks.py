@@ -330,7 +330,7 @@ BAD_MASK_TRAIN = """
 import sys
 import gymnasium as gym
 from sf.cfg import cli_main
-from sf.runner.runner import run_training
+from sf.runner.startup.entry import run_training
 from sf_envs.registry import register_env
 from sf_envs.test_envs import TestMasked
 

@@ -17,5 +17,5 @@ def make_cartpole(cfg, env_index, render_mode=None):
 register_env("my_cartpole", make_cartpole, family="custom", frameskip=1)
 
 if __name__ == "__main__":
-    from sf.runner.runner import run_training
+    from sf.runner.startup.entry import run_training
     sys.exit(cli_main(run_training, mode="train", prog="custom_train.py"))

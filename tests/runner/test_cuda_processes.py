@@ -41,7 +41,7 @@ def bound(monkeypatch):
 def test_a_cuda_process_binds_its_device_before_anything_else(bound, entry, before_device):
     """The entry binds cuda:1 first: the fake stops it before it touches its other arguments (all None here)."""
     with pytest.raises(Bound):
-        entry(*[None] * before_device, "cuda:1", *[None] * 3 if entry is run_learner else ())
+        entry(*[None] * before_device, "cuda:1", *[None] * (3 if entry is run_learner else 2))
     assert bound == [(threading.current_thread().name, torch.device("cuda", 1))]
 
 

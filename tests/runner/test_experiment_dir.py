@@ -12,8 +12,8 @@ import pytest
 
 from e2e_helpers import ROOT
 from sf.cfg import ConfigError, RunError, default_cfg, save_cfg
-from sf.runner.experiment_lock import ExperimentLock, lock_path
-from sf.runner.runner import prepare_experiment_dir
+from sf.runner.startup.experiment_lock import ExperimentLock, lock_path
+from sf.runner.startup.preflight import prepare_experiment_dir
 
 
 def _cfg(tmp_path, behavior, experiment="exp"):
@@ -68,11 +68,11 @@ def test_only_an_experiment_of_ours_is_moved_or_deleted(tmp_path, behavior):
     assert sorted(p.name for p in train_dir.iterdir()) == ["file", "link", "plain"]
 
 
-# --- one run per experiment (sf/runner/experiment_lock.py) ---
+# --- one run per experiment (sf/runner/startup/experiment_lock.py) ---
 
 HOLD = """
 import sys, time
-from sf.runner.experiment_lock import ExperimentLock
+from sf.runner.startup.experiment_lock import ExperimentLock
 lock = ExperimentLock.acquire(sys.argv[1], sys.argv[2])
 print("locked", flush=True)
 time.sleep(600)
@@ -139,8 +139,8 @@ def test_a_planted_link_is_not_followed(tmp_path):
 
 ORPHAN = """
 import os, sys, time
-from sf.runner.experiment_lock import ExperimentLock, run_holding
-from sf.runner.supervision import worker_context
+from sf.runner.startup.experiment_lock import ExperimentLock, run_holding
+from sf.runner.startup.supervision import worker_context
 
 if __name__ == "__main__":
     lock = ExperimentLock.acquire(sys.argv[1], "exp")

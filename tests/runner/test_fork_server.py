@@ -46,7 +46,7 @@ def is_available():
     return real_is_available()
 torch.cuda.is_available = is_available
 
-import sf.runner.fork_server  # noqa: F401  (runs the warm-up)
+import sf.runner.startup.fork_server  # noqa: F401  (runs the warm-up)
 torch.cuda.is_available()
 assert not calls, calls
 print("clean", os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"])
@@ -68,7 +68,7 @@ PROBE_ENV_MODULES = r"""
 import json, sys, tempfile
 from sf.cfg.parse import parse_cfg
 from sf.cfg import ConfigError
-from sf.runner.preflight import probe_env
+from sf.runner.startup.preflight import probe_env
 from sf_envs.errors import EnvUnavailableError
 from sf_envs.registry import check_env_available
 
@@ -90,14 +90,15 @@ modules = sorted({m.split(".")[0] for m in set(sys.modules) - before if not m.st
 print(json.dumps({"families": found, "modules": modules}))
 """
 
-# A fresh process preloads as the fork server does (supervision.worker_context: sf.runner.fork_server, the env modules,
-# sf.runner.fork_server_ready), then reports its driver checks; then the same checks against the stand-in library.
+# A fresh process preloads as the fork server does (supervision.worker_context: sf.runner.startup.fork_server, the env
+# modules, sf.runner.startup.fork_server_ready), then reports its driver checks; then the same checks against the
+# stand-in library.
 PRELOAD_AND_CHECK = r"""
 import json, os, sys
-import sf.runner.fork_server
+import sf.runner.startup.fork_server
 for module in json.loads(sys.argv[1]):
     __import__(module)
-import sf.runner.fork_server_ready
+import sf.runner.startup.fork_server_ready
 from sf.processes import control
 
 result = {"real": control.driver_checks(), "clean_before": control.forked_from_cuda()}
@@ -193,8 +194,8 @@ def test_a_process_whose_arguments_cannot_be_unpickled_reports_one_line_in_the_r
     out = res.stdout + res.stderr
     assert res.returncode == 1, out[-3000:]
     assert "Traceback" not in out, out[-3000:]  # (the fork server's stderr is the runner's)
-    line = "learner crashed: sf.runner.supervision.ArgumentsError: learner cannot unpickle its arguments in its own " \
-           "process: RuntimeError: Cannot re-initialize CUDA in forked subprocess."
+    line = "learner crashed: sf.runner.startup.supervision.ArgumentsError: learner cannot unpickle its arguments in " \
+           "its own process: RuntimeError: Cannot re-initialize CUDA in forked subprocess."
     assert [ln for ln in out.splitlines() if "crashed:" in ln and line in ln], out[-3000:]
     log_file = (tmp_path / "e2e" / "sf_log.txt").read_text()
     assert line in log_file and "learner crashed:\nTraceback" in log_file, log_file[-3000:]
@@ -216,7 +217,7 @@ def _through_multiprocessing(args: tuple) -> tuple:
 
 
 def test_child_args_are_unpickled_by_child_main_with_the_report_queue_received_once():
-    from sf.runner.supervision import child_args
+    from sf.runner.startup.supervision import child_args
     report = ["the report queue"]
     name, received, pid, unwind, packed = _through_multiprocessing(child_args("learner", report, 7, False, len, report))
     assert (name, received, pid, unwind) == ("learner", report, 7, False)
@@ -228,7 +229,7 @@ def test_arguments_that_cannot_be_unpickled_raise_one_line_that_stops_the_run(mo
     """The failure's first line, and the fork server's driver check where it found CUDA initialized (the likely
     cause)."""
     from sf.processes import control
-    from sf.runner.supervision import ArgumentsError, child_args
+    from sf.runner.startup.supervision import ArgumentsError, child_args
     packed = _through_multiprocessing(child_args("policy_worker_0", None, 7, False, len, _FailsInTheChild()))[-1]
     with pytest.raises(ArgumentsError) as failed:
         packed.load("policy_worker_0", None)

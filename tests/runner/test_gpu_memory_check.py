@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-import sf.runner.preflight as preflight
+import sf.runner.startup.preflight as preflight
 import sf.runner.runner as runner_module
 from e2e_helpers import ROOT
 from sf.cfg import ConfigError, parse_cfg

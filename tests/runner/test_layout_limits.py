@@ -19,8 +19,8 @@ from sf.ipc import Queue
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.fds import MAX_FDS_SENT, fds_sent
 from sf.processes.shared_state import SharedState
-from sf.runner.experiment_lock import ExperimentLock
-from sf.runner.healing import process_kind
+from sf.runner.startup.experiment_lock import ExperimentLock
+from sf.runner.health.healing import process_kind
 from sf_envs.registry import make_env
 
 LIMITS = {p.name: int(p.max_value) for p in PARAMS if p.name in

@@ -1,12 +1,13 @@
-"""Population-based training's decision logic (sf/runner/pbt.py) on a fake population: who mutates, who copies, the
-duel gap rule, the perturbation factors and bounds, the schedule, NaN objectives, N = 1, resume and validation."""
+"""Population-based training's decision logic (sf/runner/population/pbt.py) on a fake population: who mutates, who
+copies, the duel gap rule, the perturbation factors and bounds, the schedule, NaN objectives, N = 1, resume and
+validation."""
 import json
 import math
 
 import pytest
 
-from sf.runner.pbt import (HISTORY_LIMIT, HyperSpec, PbtDecision, PbtSettings, PopulationBasedTraining,
-                           default_hyper_specs, ranking, top_count)
+from sf.runner.population.pbt import HISTORY_LIMIT, PbtDecision, PopulationBasedTraining, ranking, top_count
+from sf.runner.population.pbt_settings import HyperSpec, PbtSettings, default_hyper_specs
 
 SHAPING = ("kill", "death", "armor_zero")
 INITIAL = {"learning_rate": 1e-4, "exploration_loss_coeff": 3e-3, "adam_beta1": 0.9, "kill": 1.0, "death": -0.5,

@@ -205,7 +205,8 @@ def test_doom_duel_self_play_smoke(tmp_path):
 
 def test_resuming_pbt_with_another_population_size_is_one_line(tmp_path, entry):
     """A pbt_state.json of 2 policies, resumed with --num_policies 3: refused before anything is written."""
-    from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
+    from sf.runner.population.pbt import PopulationBasedTraining
+    from sf.runner.population.pbt_settings import PbtSettings, default_hyper_specs
     exp = tmp_path / "e2e"
     exp.mkdir()
     pbt = PopulationBasedTraining(2, PbtSettings(), {"learning_rate": 1e-3, "exploration_loss_coeff": 0.01,

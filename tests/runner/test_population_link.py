@@ -1,4 +1,4 @@
-"""PBT across torchrun's ranks (sf/runner/population_link.py), two ranks in one process over a real TCPStore, each
+"""PBT across torchrun's ranks (sf/runner/population/link.py), two ranks in one process over a real TCPStore, each
 with its own SharedState and shared weights as its runner builds them: rank 0 decides on both ranks' figures, every
 rank applies the decisions, and a copy to a policy of rank 0 from a policy of rank 1 arrives bit for bit in rank 0's
 shared slot of the source, with the copy asked of its learner (the learner's copy itself: test_learner_population)."""
@@ -14,8 +14,8 @@ from sf.cfg import parse_cfg
 from sf.processes.ranks import World
 from sf.model.actor_critic import create_actor_critic
 from sf.processes.shared_state import COPIES_REQUESTED, ENV_STEPS, HYPERPARAMS, SharedState
-from sf.runner.population import PopulationControl, fill_shared
-from sf.runner.population_link import PopulationLink
+from sf.runner.population.control import PopulationControl, fill_shared
+from sf.runner.population.link import PopulationLink
 from sf.runner.stats import RunStats
 from sf_envs.registry import make_env
 

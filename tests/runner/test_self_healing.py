@@ -26,7 +26,7 @@ from sf.ipc import Queue
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.processes.shared_state import SLOT_FREE, SharedState, slot_held, slot_queued
 from sf.processes.slot_ledger import SlotLedger
-from sf.runner.healing import Healer, audit_slots
+from sf.runner.health.healing import Healer, audit_slots
 from sf.runner.stats import read_event_scalars
 from sf.sampling.rollout_worker import RolloutWorker
 from types import SimpleNamespace
@@ -153,7 +153,7 @@ def test_census_waits_for_live_moves_and_stops_new_ones():
 def test_census_gives_up_on_a_process_stuck_inside_a_move(monkeypatch):
     """A live process that never leaves its move (stopped there): after CENSUS_WAIT_SEC the census moves nothing and
     lets the others move slots again. Here a population's learner of policy 1, inside a take, then inside a return."""
-    monkeypatch.setattr("sf.runner.healing.CENSUS_WAIT_SEC", 0.05)
+    monkeypatch.setattr("sf.runner.health.healing.CENSUS_WAIT_SEC", 0.05)
     state = SharedState(2, num_policies=2, num_slots=2)
     queues = SimpleNamespace(free=Queue(), learner=[Queue(), Queue()])
     healer = Healer(SimpleNamespace(max_restarts_per_hour=2), state, queues, frames_per_step=1)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sf.runner.supervision import Silence, kernel_state, thread_state
+from sf.runner.startup.supervision import Silence, kernel_state, thread_state
 
 pytestmark = pytest.mark.e2e
 

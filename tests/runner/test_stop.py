@@ -1,8 +1,8 @@
-"""The run's stop on a busy machine (sf/runner/stopping.py), end to end beside CPU-bound processes: a final save slower
-than any fixed budget still lands, because the learner shows progress as the bytes go out; a learner that hangs in its
-final save is killed after the stall bound with a line that says so, and the Done line names the checkpoint kept; a
-SIGTERM's stop fits its grace period; Ctrl-C always ends with a final checkpoint written after it, every process gone
-and nothing left in /dev/shm."""
+"""The run's stop on a busy machine (sf/runner/health/stopping.py), end to end beside CPU-bound processes: a final save
+slower than any fixed budget still lands, because the learner shows progress as the bytes go out; a learner that hangs
+in its final save is killed after the stall bound with a line that says so, and the Done line names the checkpoint
+kept; a SIGTERM's stop fits its grace period; Ctrl-C always ends with a final checkpoint written after it, every
+process gone and nothing left in /dev/shm."""
 import os
 import re
 import signal

@@ -1,12 +1,12 @@
-"""The stop's pieces without processes (sf/runner/stopping.py, sf/utils/files.py): a save's progress as its bytes go
-out, the SIGTERM deadline, the Done line's account of the checkpoints as they are on disk."""
+"""The stop's pieces without processes (sf/runner/health/stopping.py, sf/utils/files.py): a save's progress as its
+bytes go out, the SIGTERM deadline, the Done line's account of the checkpoints as they are on disk."""
 import io
 
 import torch
 
 from sf.learning.checkpoint import make_checkpoint_state
 from sf.learning.checkpoint_store import CheckpointManager
-from sf.runner.stopping import checkpoint_note, sigterm_deadline
+from sf.runner.health.stopping import checkpoint_note, sigterm_deadline
 from sf.utils.files import ProgressFile, write_atomic
 
 

@@ -16,9 +16,8 @@ import pytest
 from e2e_helpers import train_args
 from sf.cfg import ConfigError, parse_cfg
 from sf.processes.ranks import World
+from sf.runner import run_log, tracking
 from sf.runner import stats as stats_module
-from sf.runner import tracking
-from sf.runner.runner import Runner
 from sf.runner.stats import format_duration, progress_bar, read_event_scalars
 
 DONE_LINE = re.compile(r"Done: (\d+) env frames in (?:\d+ h )?(?:\d+ min )?\d+ s \((\d+) frames/s\), "
@@ -49,12 +48,12 @@ def test_progress_bar_time_budget_past_the_end_and_before_one_percent():
 
 
 def test_log_progress_counts_a_resumed_run_from_where_it_started(caplog):
-    """Runner._log_progress: the frames of this run only (200k of 400k after resuming at 100k of 500k)."""
+    """run_log.log_progress: the frames of this run only (200k of 400k after resuming at 100k of 500k)."""
     fake = SimpleNamespace(stats=SimpleNamespace(start_frames=100_000, report_line=lambda: "Fps is (...)."),
                            num_policies=1, trained_frames=lambda: 300_000, world=World(), data_parallel=False,
                            cfg=SimpleNamespace(train_for_env_steps=500_000, train_for_seconds=10**10))
     with caplog.at_level(logging.INFO, logger="sf"):
-        Runner._log_progress(fake, time.time() - 100.0)
+        run_log.log_progress(fake, time.time() - 100.0)
     assert caplog.records[-1].getMessage() == "Fps is (...). |##########..........| 50% 200k/400k frames, ETA 01:40"
 
 

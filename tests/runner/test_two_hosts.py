@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import ROOT, SMALL, trained_frames, wait_for
-from sf.runner.experiment_lock import ExperimentLock
+from sf.runner.startup.experiment_lock import ExperimentLock
 from two_hosts import TwoHosts, why_not
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(why_not() is not None, reason=f"two hosts: {why_not()}")]

@@ -8,7 +8,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sf.cfg import cli_main  # noqa: E402
 from sf.runner import runner as runner_module  # noqa: E402
-from sf.runner.experiment_lock import run_holding  # noqa: E402
+from sf.runner.startup.entry import run_training  # noqa: E402
+from sf.runner.startup.experiment_lock import run_holding  # noqa: E402
 
 
 def _unpickle_on_cuda():
@@ -35,4 +36,4 @@ def _start_with_a_cuda_handle(self, name, target, *args, unwind=False):
 runner_module.Runner._start = _start_with_a_cuda_handle
 
 if __name__ == "__main__":
-    sys.exit(cli_main(runner_module.run_training, mode="train", prog="unloadable_args_train.py"))
+    sys.exit(cli_main(run_training, mode="train", prog="unloadable_args_train.py"))

@@ -58,8 +58,9 @@ def worker_context(env_modules: list[str]):
 
     import torch.multiprocessing
     ctx = torch.multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", "sf.runner.fork_server", *env_modules, "sf.runner.fork_server_ready"])
-    os.environ[RUNNER_PID_VAR] = str(os.getpid())  # (sf/runner/fork_server.py: is its parent still alive?)
+    ctx.set_forkserver_preload(["__main__", "sf.runner.startup.fork_server", *env_modules,
+                                "sf.runner.startup.fork_server_ready"])
+    os.environ[RUNNER_PID_VAR] = str(os.getpid())  # (sf/runner/startup/fork_server.py: is its parent still alive?)
     multiprocessing.forkserver.ensure_running()  # now: it is one of the runner's own children, not an adopted orphan
     return ctx
 

@@ -30,7 +30,7 @@ from sf.cfg.shape import num_envs
 from sf.learning.checkpoint import CheckpointError, check_compatible
 from sf.learning.checkpoint_store import CheckpointManager
 from sf.processes import ranks
-from sf.runner.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG
+from sf.runner.startup.supervision import LOG_DATEFMT, LOG_FORMAT, TRACE_LOG
 from sf.seeding import rank_seed
 from sf.utils.files import first_line
 from sf_envs.registry import make_env, remove_stale_leftovers

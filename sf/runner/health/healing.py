@@ -59,7 +59,7 @@ import numpy as np
 import psutil
 
 from sf.processes.shared_state import ENV_STEPS, SLOT_FREE, learner_name, slot_held, slot_queued
-from sf.runner.supervision import kill_adopted
+from sf.runner.startup.supervision import kill_adopted
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

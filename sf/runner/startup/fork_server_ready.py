@@ -1,5 +1,5 @@
-"""Imported by the fork server last (supervision.worker_context), after sf.runner.fork_server and the env modules:
-the end of its preloading.
+"""Imported by the fork server last (supervision.worker_context), after sf.runner.startup.fork_server and the env
+modules: the end of its preloading.
 
 It asks the CUDA driver whether the env modules initialized CUDA (sf.processes.control.check_cuda_driver: a worker
 forked from a process that did cannot use it, and refuses to start in one line naming them), then freezes the GC.
@@ -8,7 +8,7 @@ import gc
 import sys
 
 from sf.processes.control import check_cuda_driver
-from sf.runner.fork_server import PRELOADED
+from sf.runner.startup.fork_server import PRELOADED
 
 _env_modules = sorted({m.split(".")[0] for m in set(sys.modules) - PRELOADED - {__name__} if not m.startswith("_")})
 check_cuda_driver(f"the env modules ({', '.join(_env_modules) or 'none'})")

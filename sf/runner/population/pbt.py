@@ -47,90 +47,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from sf.runner.population.pbt_settings import HyperSpec, PbtSettings, is_int, is_number
+
 KINDS = ("mutate", "replace", "keep", "skip")
-SPEC_KINDS = ("scale", "one_minus")
 HISTORY_LIMIT = 1000
 STATE_VERSION = 1
-SHAPING_BOUND = 1e3
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-
-
-@dataclass(frozen=True)
-class PbtSettings:
-    """Sample Factory's --pbt_* flags (without the prefix)."""
-    period_env_steps: int = 5_000_000
-    start_mutation: int = 20_000_000
-    replace_fraction: float = 0.3
-    mutation_rate: float = 0.15
-    perturb_min: float = 1.2
-    perturb_max: float = 1.2
-    replace_reward_gap: float = 0.1
-    replace_reward_gap_absolute: float = 1e-6
-
-    def __post_init__(self):
-        if not _is_int(self.period_env_steps) or self.period_env_steps < 1:
-            raise ValueError(f"PBT setting period_env_steps must be an integer >= 1, got {self.period_env_steps!r}")
-        if not _is_int(self.start_mutation) or self.start_mutation < 0:
-            raise ValueError(f"PBT setting start_mutation must be an integer >= 0, got {self.start_mutation!r}")
-        for name in ("replace_fraction", "mutation_rate"):
-            v = getattr(self, name)
-            if not _is_number(v) or not 0.0 <= v <= 1.0:
-                raise ValueError(f"PBT setting {name} must be a fraction in [0, 1], got {v!r}")
-        for name in ("perturb_min", "perturb_max"):
-            v = getattr(self, name)
-            if not _is_number(v) or not math.isfinite(v) or v < 1.0:
-                raise ValueError(f"PBT setting {name} must be a finite number >= 1, got {v!r}")
-        if self.perturb_min > self.perturb_max:
-            raise ValueError(f"PBT setting perturb_min ({self.perturb_min}) must be <= "
-                             f"perturb_max ({self.perturb_max})")
-        for name in ("replace_reward_gap", "replace_reward_gap_absolute"):
-            v = getattr(self, name)
-            if not _is_number(v) or not math.isfinite(v) or v < 0.0:
-                raise ValueError(f"PBT setting {name} must be a finite number >= 0, got {v!r}")
-
-
-@dataclass(frozen=True)
-class HyperSpec:
-    """A mutable hyperparameter: bounds [low, high] and kind "scale" (value * or / factor) or "one_minus"
-    (1 - value * or / factor, for Adam beta1: high must be < 1 so the value stays < 1)."""
-    name: str
-    low: float
-    high: float
-    kind: str = "scale"
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"PBT hyperparameter spec: name must be a non-empty string, got {self.name!r}")
-        if self.kind not in SPEC_KINDS:
-            raise ValueError(f"PBT hyperparameter {self.name}: kind must be one of {SPEC_KINDS}, got {self.kind!r}")
-        if not (_is_number(self.low) and _is_number(self.high) and math.isfinite(self.low)
-                and math.isfinite(self.high) and self.low <= self.high):
-            raise ValueError(f"PBT hyperparameter {self.name}: bounds must be finite with low <= high, "
-                             f"got [{self.low!r}, {self.high!r}]")
-        if self.kind == "one_minus" and self.high >= 1.0:
-            raise ValueError(f"PBT hyperparameter {self.name}: a one_minus bound must stay below 1, "
-                             f"got high={self.high}")
-
-    def perturb(self, value: float, factor: float) -> float:
-        """The value after multiplying by `factor` (dividing: pass 1/factor), clipped to the bounds."""
-        new = value * factor if self.kind == "scale" else 1.0 - (1.0 - value) * factor
-        return float(min(max(new, self.low), self.high))
-
-
-def default_hyper_specs(shaping_keys: Sequence[str] = ()) -> list[HyperSpec]:
-    """The paper's mutable hyperparameters: learning rate, entropy coefficient, Adam beta1 and every reward-shaping
-    coefficient (scaled: 0 stays 0, a negative coefficient stays negative)."""
-    specs = [HyperSpec("learning_rate", 1e-6, 1e-2, "scale"),
-             HyperSpec("exploration_loss_coeff", 1e-5, 1.0, "scale"),
-             HyperSpec("adam_beta1", 0.5, 0.999, "one_minus")]
-    return specs + [HyperSpec(k, -SHAPING_BOUND, SHAPING_BOUND, "scale") for k in shaping_keys]
 
 
 def ranking(objectives: Sequence[float]) -> list[int]:
@@ -200,16 +121,16 @@ class PbtDecision:
                    if k not in d]
         if missing:
             raise ValueError(f"PBT decision lacks {', '.join(missing)}")
-        if not _is_int(d["policy"]) or d["kind"] not in KINDS or not _is_int(d["env_steps"]):
+        if not is_int(d["policy"]) or d["kind"] not in KINDS or not is_int(d["env_steps"]):
             raise ValueError(f"PBT decision has a bad policy, kind or env_steps: {d['policy']!r}, {d['kind']!r}, "
                              f"{d['env_steps']!r}")
-        if d["source"] is not None and not _is_int(d["source"]):
+        if d["source"] is not None and not is_int(d["source"]):
             raise ValueError(f"PBT decision has a bad source: {d['source']!r}")
         if not isinstance(d["changes"], dict) or not all(
-                isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_number(x) for x in v)
+                isinstance(v, (list, tuple)) and len(v) == 2 and all(is_number(x) for x in v)
                 for v in d["changes"].values()):
             raise ValueError("PBT decision has malformed changes (expected name -> [old, new])")
-        if not isinstance(d["objectives"], list) or not all(o is None or _is_number(o) for o in d["objectives"]):
+        if not isinstance(d["objectives"], list) or not all(o is None or is_number(o) for o in d["objectives"]):
             raise ValueError("PBT decision has malformed objectives (expected a list of numbers or null)")
         return cls(policy=int(d["policy"]), kind=d["kind"], env_steps=int(d["env_steps"]),
                    source=None if d["source"] is None else int(d["source"]),
@@ -222,12 +143,12 @@ class PopulationBasedTraining:
 
     def __init__(self, num_policies: int, settings: PbtSettings, initial: Mapping[str, float],
                  specs: Sequence[HyperSpec], seed: int | None):
-        if not _is_int(num_policies) or num_policies < 1:
+        if not is_int(num_policies) or num_policies < 1:
             raise ValueError(f"PBT: num_policies must be an integer >= 1, got {num_policies!r}")
         if not isinstance(settings, PbtSettings):
             raise ValueError(f"PBT: settings must be a PbtSettings, got {type(settings).__name__}")
         for k, v in initial.items():
-            if not isinstance(k, str) or not _is_number(v) or not math.isfinite(v):
+            if not isinstance(k, str) or not is_number(v) or not math.isfinite(v):
                 raise ValueError(f"PBT: initial hyperparameter {k!r} must be a finite number, got {v!r}")
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -258,14 +179,14 @@ class PopulationBasedTraining:
         return [dict(d) for d in self._history]
 
     def _check_policy(self, policy) -> int:
-        if not _is_int(policy) or not 0 <= policy < self.num_policies:
+        if not is_int(policy) or not 0 <= policy < self.num_policies:
             raise ValueError(f"PBT: policy must be in [0, {self.num_policies}), got {policy!r}")
         return int(policy)
 
     def set_all(self, name: str, value: float) -> list[float]:
         """Give every policy `value` for hyperparameter `name` (a value the user set on resume); returns the old
         ones."""
-        if name not in self._names or not _is_number(value) or not math.isfinite(value):
+        if name not in self._names or not is_number(value) or not math.isfinite(value):
             raise ValueError(f"PBT: cannot set hyperparameter {name!r} to {value!r}")
         old = [h[name] for h in self._hyper]
         for h in self._hyper:
@@ -277,11 +198,11 @@ class PopulationBasedTraining:
         """Policy `policy_id` has trained on `env_steps` env frames; `objectives`: every policy's current objective
         (NaN where none yet). Returns the decisions taken now (empty when none is due); the caller applies them."""
         i = self._check_policy(policy_id)
-        if not _is_int(env_steps) or env_steps < 0:
+        if not is_int(env_steps) or env_steps < 0:
             raise ValueError(f"PBT: env_steps must be an integer >= 0, got {env_steps!r}")
         if len(objectives) != self.num_policies:
             raise ValueError(f"PBT: {len(objectives)} objectives for {self.num_policies} policies")
-        if not all(_is_number(o) for o in objectives):
+        if not all(is_number(o) for o in objectives):
             raise ValueError(f"PBT: objectives must be numbers, got {list(objectives)!r}")
         objs = [float(o) for o in objectives]
         s = self.settings
@@ -360,7 +281,7 @@ class PopulationBasedTraining:
         if d["version"] != STATE_VERSION:
             raise ValueError(f"PBT state has version {d['version']!r}, expected {STATE_VERSION}")
         n = d["num_policies"]
-        if not _is_int(n):
+        if not is_int(n):
             raise ValueError(f"PBT state: num_policies must be an integer, got {n!r}")
         if n != self.num_policies:
             raise ValueError(f"PBT state is for {n} policies, this run has {self.num_policies} "
@@ -378,11 +299,11 @@ class PopulationBasedTraining:
                 lack, extra = sorted(set(self._names) - set(h)), sorted(set(h) - set(self._names))
                 raise ValueError(f"PBT state: hyperparams of policy {p} differ from this run's (missing {lack}, "
                                  f"unknown {extra})")
-            bad = [k for k, v in h.items() if not _is_number(v) or not math.isfinite(v)]
+            bad = [k for k, v in h.items() if not is_number(v) or not math.isfinite(v)]
             if bad:
                 raise ValueError(f"PBT state: hyperparams of policy {p} are not finite numbers: {', '.join(bad)}")
             new_hyper.append({k: float(h[k]) for k in self._names})
-        if not all(_is_int(x) and x >= 1 for x in nxt):
+        if not all(is_int(x) and x >= 1 for x in nxt):
             raise ValueError(f"PBT state: next_update must hold integers >= 1, got {nxt!r}")
         if not isinstance(d["settings"], dict):
             raise ValueError("PBT state: settings must be a dict")

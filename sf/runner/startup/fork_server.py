@@ -38,7 +38,7 @@ import torch  # noqa: E402,F401
 
 import sf.learning.learner  # noqa: E402,F401
 from sf.processes.control import check_cuda_driver  # noqa: E402
-import sf.runner.supervision  # noqa: E402,F401
+import sf.runner.startup.supervision  # noqa: E402,F401
 import sf.sampling.policy_worker  # noqa: E402,F401
 import sf.sampling.rollout_worker  # noqa: E402,F401
 
@@ -67,6 +67,6 @@ def _warm_up() -> None:
 _warm_up()
 
 # The Python-level care above (tests/runner/test_fork_server.py) asked of the driver itself; the env modules, preloaded
-# after this module, are asked about by sf/runner/fork_server_ready.py, the last module preloaded.
+# after this module, are asked about by sf/runner/startup/fork_server_ready.py, the last module preloaded.
 check_cuda_driver("train.py's imports (__main__), torch, sf's worker modules and the warm-up")
 PRELOADED = frozenset(sys.modules)  # (what the env modules add: named by fork_server_ready's check)

@@ -17,8 +17,8 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from sf.processes.control import kill_tree
-from sf.runner.healing import process_kind
-from sf.runner.supervision import Silence, read_stack
+from sf.runner.health.healing import process_kind
+from sf.runner.startup.supervision import Silence, read_stack
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config

@@ -1,7 +1,7 @@
 """Population-based training across torchrun's ranks (--num_policies N --with_pbt under torchrun, the policies placed:
 policy p on rank p mod world size, sf/processes/ranks.py). Rank 0's PopulationControl decides for all N policies as on
-one machine (sf/runner/population.py); what it needs from the other ranks, and what they need of its decisions, travels
-through torchrun's own store (the agent of the first node serves it), as JSON values under keys of this run:
+one machine (sf/runner/population/control.py); what it needs from the other ranks, and what they need of its decisions,
+travels through torchrun's own store (the agent of the first node serves it), as JSON values under keys of this run:
 
     figures/<rank>          each rank, about every second: its policies' trained frames and episode averages
     decisions/<k>, decided  rank 0, decision batch k = 1, 2, ...: every policy's hyperparameters and the copies
@@ -31,7 +31,7 @@ import torch
 
 from sf.cfg import RunError
 from sf.processes import ranks
-from sf.runner.population import PopulationControl, apply_decisions, fill_shared, request_copy
+from sf.runner.population.control import PopulationControl, apply_decisions, fill_shared, request_copy
 from sf.utils.files import first_line
 
 log = logging.getLogger("sf")

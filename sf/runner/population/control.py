@@ -1,4 +1,5 @@
-"""The runner's side of population-based training (--with_pbt, --num_policies N >= 2; decisions in sf/runner/pbt.py).
+"""The runner's side of population-based training (--with_pbt, --num_policies N >= 2; decisions in
+sf/runner/population/pbt.py).
 
     objectives   each policy's average over --stats_avg episodes of --pbt_target_objective (true_objective: the win
                  rate where the env reports wins, i.e. self-play, else the game score where reported, else the reward)
@@ -35,7 +36,8 @@ import torch
 from sf.cfg import ConfigError, RunError
 from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, HYPERPARAMS,
                                       shared_hyperparams)
-from sf.runner.pbt import PbtSettings, PopulationBasedTraining, default_hyper_specs
+from sf.runner.population.pbt import PopulationBasedTraining
+from sf.runner.population.pbt_settings import PbtSettings, default_hyper_specs
 from sf.seeding import PBT, run_seed, stream_seed
 from sf.utils.files import write_json_atomic
 
