@@ -115,12 +115,7 @@ class PbtDecision:
     @classmethod
     def from_dict(cls, d) -> PbtDecision:
         """The inverse of to_dict (None objectives back to NaN); ValueError (one line) for a malformed dict."""
-        if not isinstance(d, dict):
-            raise ValueError(f"PBT decision must be a dict, got {type(d).__name__}")
-        missing = [k for k in ("policy", "kind", "env_steps", "source", "changes", "objectives", "reason")
-                   if k not in d]
-        if missing:
-            raise ValueError(f"PBT decision lacks {', '.join(missing)}")
+        _require_keys(d, "PBT decision", ("policy", "kind", "env_steps", "source", "changes", "objectives", "reason"))
         if not is_int(d["policy"]) or d["kind"] not in KINDS or not is_int(d["env_steps"]):
             raise ValueError(f"PBT decision has a bad policy, kind or env_steps: {d['policy']!r}, {d['kind']!r}, "
                              f"{d['env_steps']!r}")
@@ -272,12 +267,8 @@ class PopulationBasedTraining:
     def load_state_dict(self, d) -> None:
         """Restore a state_dict() (after a JSON round trip); ValueError (one line) for a malformed or foreign state.
         The current settings stay (the stored ones are not used); nothing changes unless the whole state is valid."""
-        if not isinstance(d, dict):
-            raise ValueError(f"PBT state must be a dict, got {type(d).__name__}")
-        missing = [k for k in ("version", "num_policies", "settings", "hyperparams", "next_update", "rng", "history")
-                   if k not in d]
-        if missing:
-            raise ValueError(f"PBT state lacks {', '.join(missing)}")
+        _require_keys(d, "PBT state", ("version", "num_policies", "settings", "hyperparams", "next_update", "rng",
+                                       "history"))
         if d["version"] != STATE_VERSION:
             raise ValueError(f"PBT state has version {d['version']!r}, expected {STATE_VERSION}")
         n = d["num_policies"]
@@ -317,6 +308,15 @@ class PopulationBasedTraining:
             raise ValueError("PBT state: history must be a list")
         history = [PbtDecision.from_dict(x).to_dict() for x in d["history"]][-HISTORY_LIMIT:]
         self._hyper, self._next_update, self._rng, self._history = new_hyper, [int(x) for x in nxt], rng, history
+
+
+def _require_keys(d, what: str, keys: Sequence[str]) -> None:
+    """ValueError (one line) unless `d` is a dict holding every key."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{what} must be a dict, got {type(d).__name__}")
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise ValueError(f"{what} lacks {', '.join(missing)}")
 
 
 def _jsonable(x):
