@@ -47,7 +47,7 @@ from pathlib import Path
 from sf.cfg import (ConfigError, OneLineArgumentParser, Param, RunError, optional_int, parse_cfg, run_guarded, str2bool,
                     verify)
 from sf.cfg.params import PARAMS
-from sf.cfg.shape import num_envs
+from sf.cfg.shape import RunShape
 from sf.cfg.validate import from_command_line
 from sf.export import add_experiment_arguments, experiment_env, experiment_path
 from sf.sampling.evaluation import EvalPlan
@@ -107,7 +107,8 @@ def resolve(args: argparse.Namespace, prog: str):
         have = "policy 0" if cfg.num_policies == 1 else f"policies 0-{cfg.num_policies - 1}"
         raise ConfigError(f"--policy {policy}: the experiment has {have} (--num_policies {cfg.num_policies})")
     agents_per_env = env_spec(cfg.env, cfg).num_agents
-    num_agents = num_envs(cfg) * agents_per_env
+    shape = RunShape.of_evaluation(cfg, agents_per_env, slots=0)  # (the layout's sizes; the slots come with the plan)
+    num_agents = shape.agents
     playing = 1 if policy is not None else cfg.num_policies
     if num_agents < playing:
         raise ConfigError(f"{cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} envs x {agents_per_env} "
@@ -115,7 +116,7 @@ def resolve(args: argparse.Namespace, prog: str):
                           "or evaluate one policy with --policy")
     # the policy workers run the model on chunks of this many rows (fixed bits whatever the batching): one group's
     # agents of one policy, so that a request is one chunk
-    group = cfg.num_envs_per_worker // cfg.worker_num_splits * agents_per_env
+    group = shape.agents_per_group
     cfg = cfg.replace(_eval_plan=EvalPlan.make(num_agents, cfg.num_policies, episodes, policy),
                       sync_inference_chunk=max(1, -(-group // playing)))
     name = (f"eval_{cfg.load_checkpoint_kind}_seed{cfg.seed}_{episodes}ep{'_argmax' if deterministic else ''}"
