@@ -16,7 +16,8 @@ Self-healing (--max_restarts_per_hour, asynchronous mode): a process that dies (
 watchdog ends) is replaced in place by one of the same name, index and core while the others go on
 (sf/runner/health/healing.py makes whole what it left); errors a replacement could not mend (a checkpoint that cannot
 be written, an env failing more than --max_env_restarts times) and deaths before the run started training stop the run,
-as does a crash loop.
+as does a crash loop. Those judgments are ProcessHealth's (sf/runner/health/deaths.py, a base of Runner); the console's
+lines are sf/runner/run_log.py's; train.py's body, which makes a Runner, is sf/runner/startup/entry.py.
 """
 from __future__ import annotations
 
