@@ -413,10 +413,10 @@ def learner_threads(cfg: Config) -> int:
 def run_learner(cfg: Config, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
                 frameskip, shape, policy_id=0, all_weights=None, replacement=False, world=None) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
-    share them). world: the runner's (torchrun's ranks, read once by the runner); None: torchrun's environment."""
+    share them). world: the runner's (torchrun's ranks, read once by the runner); None: one process."""
     from sf.processes.control import bind_device, limit_threads
     bind_device(device)
     limit_threads(learner_threads(cfg))
     learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                      frameskip, shape, policy_id, all_weights, replacement, world or ranks.world_from_env())
+                      frameskip, shape, policy_id, all_weights, replacement, world)
     learner.run()

@@ -58,27 +58,27 @@ class PolicyWorker:
         self.policy_id = policy_id
         self.population = cfg.num_policies > 1 and env_slots.shape[-1] > 2
         # the deterministic modes (hts/ppo, sf.eval): actions from each env's noise, the model run in fixed-size chunks
-        self.sync = cfg.mode.deterministic
+        self.deterministic = cfg.mode.deterministic
         self.argmax = cfg._eval_plan is not None and bool(cfg.eval_deterministic)  # sf.eval --deterministic
         self.chunk = cfg.sync_inference_chunk
         seed = stream_seed(run_seed(cfg), POLICY_WORKER, policy_id, worker_idx)
         torch.manual_seed(seed)  # action sampling in async mode
-        if self.sync:
+        if self.deterministic:
             deterministic_kernels(device)
         self.shared_weights, self.device = shared_weights, torch.device(device)
         shape = shape or RunShape.of(cfg, env_slots.shape[1] // cfg.num_envs_per_worker)
         self.group_size = shape.agents_per_group
         self.random_policy = cfg.random_policy
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
-        self.model.row_independent_heads = self.sync  # (the chunks' rows must not depend on each other's bits)
-        run_precision(cfg, self.model, self.device, deterministic=self.sync)
+        self.model.row_independent_heads = self.deterministic  # (the chunks' rows must not depend on each other's bits)
+        run_precision(cfg, self.model, self.device, deterministic=self.deterministic)
         self.model.cast_for_inference()  # weights cast once per published version, not once per forward
         self.version = -1
         self.max_requests = shape.groups
         # async: wait briefly for one request per rollout worker this worker serves (see run_once); the sync modes'
         # intervals end with fewer requests in flight, and their batches' composition does not change their cost
         self.batch_requests = max(1, cfg.num_workers // max(1, cfg.policy_workers_per_policy))
-        self.batch_wait = 0.0 if self.sync else cfg.policy_worker_batch_wait_ms / 1000.0
+        self.batch_wait = 0.0 if self.deterministic else cfg.policy_worker_batch_wait_ms / 1000.0
         self.splits = cfg.worker_num_splits
         self.epoch = shared_state.epoch_np if shared_state is not None else np.zeros(cfg.num_workers, dtype=np.int64)
         self.serving = shared_state.serving_np if shared_state is not None else np.zeros(1, dtype=np.int64)
@@ -182,11 +182,11 @@ class PolicyWorker:
         log-probs and logits are written with them."""
         out = self.step_flat  # otherwise logits, log-probs, values and RNN states are constant: written in __init__
         if self.random_masked:
-            u = out["action_noise"][step] if self.sync else self.rng.random((len(step), len(self.random_nvec)))
+            u = out["action_noise"][step] if self.deterministic else self.rng.random((len(step), len(self.random_nvec)))
             actions, out["log_probs"][step], out["action_logits"][step] = uniform_valid_actions(
                 u, self.random_nvec.tolist(), self.obs_flat[ACTION_MASK_KEY][obs_i])
             out["actions"][step] = actions
-        elif self.sync:  # each env's own noise: uniforms in [0, 1) -> uniform actions
+        elif self.deterministic:  # each env's own noise: uniforms in [0, 1) -> uniform actions
             u = out["action_noise"][step].astype(np.float64)
             out["actions"][step] = np.minimum((u * self.random_nvec).astype(np.int64), self.random_nvec - 1)
         else:
@@ -205,12 +205,12 @@ class PolicyWorker:
             values, new_rnn = torch.zeros(len(step), device=self.device), rnn
         else:
             obs = {k: torch.from_numpy(v[obs_i]).to(self.device, non_blocking=True) for k, v in self.obs_flat.items()}
-            logits, values, new_rnn = (self._forward_chunked(obs, rnn) if self.sync
+            logits, values, new_rnn = (self._forward_chunked(obs, rnn) if self.deterministic
                                        else self.model.forward_step(obs, rnn))
         dist = self.model.action_distribution(logits)
         if self.argmax:
             actions = dist.mode()
-        elif self.sync:
+        elif self.deterministic:
             actions = dist.sample(torch.from_numpy(out["action_noise"][step]).to(self.device, non_blocking=True))
         else:
             actions = dist.sample()

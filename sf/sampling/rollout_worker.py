@@ -52,7 +52,7 @@ from queue import Empty
 import numpy as np
 import torch
 
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from sf.cfg.shape import RunShape
 from sf.sampling.episode_sink import episode_sink
@@ -76,7 +76,7 @@ class EnvRestartLimit(RuntimeError):
 class RolloutWorker:
     def __init__(self, cfg: Config, worker_idx: int, buffers, env_slots: torch.Tensor, queues, shared_state,
                  on_starved: Optional[Callable[[], None]] = None, shape: Optional[RunShape] = None,
-                 policies: Optional[list[int]] = None):
+                 policies: Optional[Sequence[int]] = None):
         """queues.policy / queues.learner: one queue per policy (a single queue: a one-policy run). env_slots
         [W, E * A, 3] (slot, t, policy) or [W, E * A, 2] (one policy). on_starved: called while no free slot is
         available instead of waiting for one (serial mode: the learner, which frees slots, runs in this same thread).
@@ -88,7 +88,7 @@ class RolloutWorker:
         self.policy_queues = queues.policy if isinstance(queues.policy, (list, tuple)) else [queues.policy]
         self.learner_queues = queues.learner if isinstance(queues.learner, (list, tuple)) else [queues.learner]
         self.num_policies = len(self.policy_queues)
-        self.policies_here = list(range(self.num_policies)) if policies is None else list(policies)
+        self.policies_here = policies  # (None: every policy, PolicyMapping's default)
         # full trajectory slots of the group being stepped, per policy, not yet sent to the learners
         self.finished: list[list[int]] = [[] for _ in range(self.num_policies)]
         spec = env_spec(cfg.env, cfg)
@@ -479,7 +479,7 @@ class RolloutWorker:
 
 
 def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shared_state, core, shape: RunShape,
-                       policies: list[int]) -> None:
+                       policies: Sequence[int]) -> None:
     """Process entry: lower priority than policy workers and learner, pinned to one core, one thread. Its envs may be
     processes of their own (VizDoom engines): however this worker ends, they end with it."""
     from sf.processes.control import add_leftover_hook, kill_descendants, limit_threads, runner_alive, set_affinity
