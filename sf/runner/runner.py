@@ -47,7 +47,7 @@ from sf.processes.shared_state import SharedState, learner_name, policy_worker_n
 from sf.runner import run_log, tracking
 from sf.runner.health.deaths import ProcessHealth
 from sf.runner.health.healing import audit_slots, memory_mib
-from sf.runner.health.stopping import sigterm_deadline, stop_processes
+from sf.runner.health.stopping import sigterm_deadline, stop_processes, time_left_to_exit
 from sf.runner.population.control import PopulationControl, fill_shared, initial_hyperparams, record
 from sf.runner.population.link import PopulationLink
 from sf.runner.queues import close_queues, learner_queues, make_queues, policy_queues, worker_queues
@@ -279,7 +279,7 @@ class Runner(ProcessHealth):
         if self.population is not None:
             self.population.save()
         self.stats.write_summaries()
-        self.stats.close()
+        self.stats.close(time_left_to_exit(self.sigterm_at, self.cfg.sigterm_grace_sec, cap=5.0))
         if self.stats.tracker is not None:
             self.stats.tracker.finish(self.exit_code)
         self.close_queues()

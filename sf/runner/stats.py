@@ -17,6 +17,7 @@ With --with_wandb, the same scalars go to Weights & Biases as well (sf/runner/tr
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from tqdm import tqdm
 from sf.cfg.mode import MODES, RunMode
 from sf.utils.events import read_scalar_events
 
+log = logging.getLogger("sf")
 FPS_WINDOWS = (10, 60, 300)
 TRAIN_KEYS = ("policy_loss", "value_loss", "exploration_loss", "kl_loss", "entropy", "kl_divergence", "clip_fraction",
               "grad_norm", "lr", "masked_fraction")
@@ -243,10 +245,19 @@ class RunStats:
     def close(self, timeout: float = 5.0) -> None:
         """Close the TensorBoard writer (final write and fsync), waiting at most `timeout`: a run does not outlive its
         stop for the disk's sake. On a disk that slow, the last summaries may be lost; checkpoints are not (learner)."""
-        if self._writer is not None:
-            closer = threading.Thread(target=self._writer.close, name="tensorboard_close", daemon=True)
-            closer.start()
-            closer.join(timeout)
+        if self._writer is None:
+            return
+        closer = threading.Thread(target=self._writer.close, name="tensorboard_close", daemon=True)
+        closer.start()
+        closer.join(max(timeout, 0.0))
+        if closer.is_alive():
+            # tensorboardX's atexit hook closes each event writer again at interpreter exit, in the main thread, where
+            # it would wait for the same fsync (a minute, on a loaded CI machine: past a SIGTERM's grace). Marked
+            # closed, the hook returns at once; the closing thread is a daemon and dies with the process.
+            for file_writer in self._writer.all_writers.values():
+                file_writer.event_writer._closed = True
+            log.warning("TensorBoard's event file was not closed within %.1f s (a slow disk's fsync): the last "
+                        "summaries may be lost (checkpoints are written by the learners, not here)", timeout)
 
 
 def progress_bar(frames: int, frames_total: int, elapsed: float, seconds_total: float) -> str:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -111,6 +112,47 @@ def test_a_sigterm_stop_fits_its_grace_period(tmp_path):
     assert rc == 1, text[-3000:]
     assert "learner has not finished its final checkpoint within --sigterm_grace_sec after SIGTERM; killing it" in text
     assert_done_names_the_checkpoint_kept(tmp_path, text)
+
+
+# The runner's own disk writes after the stop: tensorboardX fsyncs its event file on every flush and again when it is
+# closed at exit (its atexit hook); on a loaded CI machine that fsync took seconds past the deadline. Here each fsync of
+# an event file takes 60 s (in the runner only: it is the one process that writes them).
+SLOW_EVENT_FSYNC = textwrap.dedent("""
+    import os, time
+    _fsync = os.fsync
+    def _slow(fd):
+        try:
+            name = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            name = ""
+        if "tfevents" in name:
+            time.sleep(60)
+        return _fsync(fd)
+    os.fsync = _slow
+""")
+
+
+def test_a_sigterm_stop_fits_its_grace_period_when_tensorboard_fsyncs_slowly(tmp_path):
+    """An fsync of the TensorBoard event file that takes a minute: the SIGTERM's stop still ends within the grace
+    (the learner's final save lands: the disk is slow only for the event file), the Done line is written, and a line
+    says the last summaries may be lost."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_EVENT_FSYNC)
+    p, log, _ = start_with_a_checkpoint(tmp_path, ["--sigterm_grace_sec", "12"], {"PYTHONPATH": str(site)})
+    try:
+        wait_for(lambda: "Fps is" in log.read_text(), 60, "a report line", log)
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGTERM)
+        rc = p.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert took < 12, (took, text[-3000:])
+    assert rc == 0, text[-3000:]
+    assert "TensorBoard's event file was not closed within" in text, text[-3000:]
+    assert "Final checkpoint: " in line_with(text, "Done: ")
 
 
 def test_ctrl_c_beside_cpu_hogs_ends_with_a_final_checkpoint_and_nothing_left(tmp_path):
