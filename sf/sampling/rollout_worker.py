@@ -55,7 +55,8 @@ import torch
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from sf.cfg.shape import RunShape
-from sf.sampling.episode_sink import episode_sink
+from sf.model.action_spaces import draw_action_noise
+from sf.sampling.episode_sink import AgentTable, Outbox, SinkPort, episode_sink
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import slot_queued
 from sf.processes.slot_ledger import CENSUS_PAUSE_SEC, SlotLedger
@@ -88,9 +89,6 @@ class RolloutWorker:
         self.policy_queues = queues.policy if isinstance(queues.policy, (list, tuple)) else [queues.policy]
         self.learner_queues = queues.learner if isinstance(queues.learner, (list, tuple)) else [queues.learner]
         self.num_policies = len(self.policy_queues)
-        self.policies_here = policies  # (None: every policy, PolicyMapping's default)
-        # full trajectory slots of the group being stepped, per policy, not yet sent to the learners
-        self.finished: list[list[int]] = [[] for _ in range(self.num_policies)]
         spec = env_spec(cfg.env, cfg)
         self.shape = shape or RunShape.of(cfg, spec.num_agents)
         self.frameskip, self.A = spec.frameskip, self.shape.agents_per_env
@@ -106,21 +104,22 @@ class RolloutWorker:
         self._bind_shared_state(cfg, shared_state, env_slots)
         self._init_agent_policies(shared_state)
         self._make_envs(cfg, shared_state)
-        # the mode (async or hts/ppo training, sf.eval): where slots come from, trajectories and episodes go
-        self.sink = episode_sink(self)
-        self.mapping = self.sink.mapping  # which policy plays each agent's episodes
         self.noise_rngs = [action_noise_rng(run_seed(cfg), worker_idx * self.num_agents + i)
                            for i in range(self.num_agents)]
+        # full trajectories for the learners, episode reports for the runner
+        self.outbox = Outbox(self.num_policies, queues.report, worker_idx)
+        # the mode (async or hts/ppo training, sf.eval): where slots come from, trajectories and episodes go; it is
+        # given what it may use of this worker, not the worker (sf/sampling/episode_sink.py)
+        self.sink = episode_sink(SinkPort(cfg, worker_idx, self.shape, self.num_policies, policies, self.agents,
+                                          self.outbox, self._take_free_slot, self._draw_own_noise, self._env_seed,
+                                          shared_state.sync_ready_batches))
+        self.mapping = self.sink.mapping  # which policy plays each agent's episodes
         self.discrete = self.actions_np.dtype == np.int64
         self.scalar_action = [self._is_scalar(env.action_space) for env in self.envs]
-        self.slot = np.zeros(self.num_agents, dtype=np.int64)
-        self.t = np.zeros(self.num_agents, dtype=np.int64)
         # whether each agent acts in its next step: an env may say info["is_active"] = False (a dead agent waiting for
         # its env's episode to end, a player waiting for its turn); that step is then recorded as acted by no policy
         self.active = np.ones(self.num_agents, dtype=bool)
         self.env_restarts = 0
-        self.episodes: list[dict] = []  # (training) episode reports for the runner's statistics, not sent yet
-        self.last_report = time.time()
         self.frames = int(shared_state.worker_frames[worker_idx])  # a replacement goes on counting
 
     def _bind_buffers(self, buffers) -> None:
@@ -136,27 +135,26 @@ class RolloutWorker:
         self.policy_ids_np = buffers.policy_ids.numpy()
 
     def _bind_shared_state(self, cfg: Config, shared_state, env_slots: torch.Tensor) -> None:
-        """The group intervals (hts/ppo), the request epoch, this worker's slot bookkeeping in SharedState, its row of
-        env_slots and its heartbeat."""
+        """The replies each group awaits, the request epoch, this worker's slot bookkeeping in SharedState, its row of
+        env_slots (its agents' table) and its heartbeat."""
         worker_idx = self.worker_idx
-        # hts/ppo: the group's rollout interval, and the groups waiting for the learner before their next interval
-        self.interval = np.zeros(cfg.worker_num_splits, dtype=np.int64)
-        self.waiting: dict[int, int] = {}
         self.awaiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies a group still waits for
         self.splits = cfg.worker_num_splits
         self.epoch = int(shared_state.epoch_go_np[worker_idx])  # a replacement starts in the epoch the runner set
         self.ledger = SlotLedger(shared_state, f"rollout_worker_{worker_idx}")  # (its moves of slots)
         self.env_slots_np = env_slots.numpy()
         self.agent_slots = self.env_slots_np[worker_idx]  # [E * A, C] this worker's row: (slot, t, ...) per agent
+        # each agent's slot, step and policies (agent i = env i // A, its agent i % A), published in agent_slots
+        self.agents = AgentTable.of(self.agent_slots)
+        self.slot, self.t = self.agents.slot, self.agents.t
         self.has_policy_column = self.env_slots_np.shape[-1] > 2
         # also its row of SharedState.moving
         self.heartbeat = shared_state.heartbeat_slot(f"rollout_worker_{worker_idx}")
 
     def _init_agent_policies(self, shared_state) -> None:
-        """The policy playing each agent (and the one whose learner gets its slot), and the reward shaping last given to
-        it."""
-        self.policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy playing each agent's current episode
-        self.slot_policy = np.zeros(self.num_agents, dtype=np.int64)  # the policy whose learner gets its current slot
+        """The policy playing each agent (and the one whose learner gets its slot: AgentTable's columns), and the reward
+        shaping last given to it."""
+        self.policy, self.slot_policy = self.agents.policy, self.agents.slot_policy
         self.shaping_keys = tuple(getattr(shared_state, "shaping_keys", ()))
         self.agent_shaping: list = [None] * self.num_agents  # coefficients last given to each agent's env
 
@@ -213,7 +211,7 @@ class RolloutWorker:
                 i = e * self.A + a
                 self.active[i] = (infos[a] if self.A > 1 else infos).get("is_active", True)
                 self._episode_start(i)
-                self.slot[i] = self._next_slot(i, interval=0)
+                self.slot[i] = self._next_slot(i, first=True)
                 self.slot_policy[i] = self.policy[i]
                 self.t[i] = 0
                 self._write_obs(agent_obs, self.slot[i], 0)
@@ -238,11 +236,11 @@ class RolloutWorker:
                 set_shaping(dict(zip(self.shaping_keys, coeffs)), agent=i % self.A)
                 self.agent_shaping[i] = coeffs
 
-    def _next_slot(self, i: int, interval: int) -> int:
-        """The slot agent i fills next, published as its current slot at step 0 (env_slots): fixed in hts/ppo modes,
-        any free one otherwise (sf.eval: the agent's own, reused): the sink's. Marks it as holding no final observation
-        yet."""
-        slot = self.sink.next_slot(i, interval)
+    def _next_slot(self, i: int, first: bool = False) -> int:
+        """The slot agent i fills next (first: its first trajectory), published as its current slot at step 0
+        (env_slots): fixed in hts/ppo modes, any free one otherwise (sf.eval: the agent's own, reused): the sink's.
+        Marks it as holding no final observation yet."""
+        slot = self.sink.next_slot(i, first)
         self.final_t_np[slot] = -1
         return slot
 
@@ -269,13 +267,11 @@ class RolloutWorker:
             if self.awaiting[g] > 0:
                 self._request_actions(g)
 
-    def _release_waiting(self) -> None:
-        """hts/ppo: groups whose next interval the learner has allowed go on."""
-        ready = self.state.sync_ready_batches()
-        for g, interval in list(self.waiting.items()):
-            if ready >= interval:
-                del self.waiting[g]
-                self._request_actions(g)
+    def _draw_own_noise(self, lo: int, hi: int) -> None:
+        """Agents lo..hi-1's action noise at their current steps, each from its own stream (hts/ppo, sf.eval)."""
+        for i in range(lo, hi):
+            draw_action_noise(self.envs[i // self.A].action_space, self.noise_rngs[i],
+                              self.noise_np[self.slot[i], self.t[i]])
 
     def _take_free_slot(self, i: int) -> int:
         """A slot off the free list for agent i: published as the agent's current slot at step 0, then marked this
@@ -315,20 +311,21 @@ class RolloutWorker:
         return None
 
     def _send_finished(self) -> None:
-        """Hand the full trajectories to their policies' learners: marked queued, then put on the queues, in one move
-        (none while the runner counts slots: they go with the next call)."""
-        if not any(self.finished):
+        """Hand the full trajectories (the outbox's) to their policies' learners: marked queued, then put on the queues,
+        in one move (none while the runner counts slots: they go with the next call)."""
+        finished = self.outbox.finished
+        if not any(finished):
             return
         with self.ledger.move() as ok:
             if not ok:
                 return
-            for p, slots in enumerate(self.finished):
+            for p, slots in enumerate(finished):
                 if slots:
                     self.ledger.owner[slots] = slot_queued(p)
                     if PAUSE_AT:
                         pause("rollout_worker_queued")
                     self.learner_queues[p].put_many(slots)
-                    self.finished[p] = []
+                    finished[p] = []
 
     def _write_obs(self, obs: dict, slot: int, t: int) -> None:
         for k, v in obs.items():
@@ -340,8 +337,9 @@ class RolloutWorker:
         self.state.beat(self.heartbeat)
         if self.state.epoch_go_np[self.worker_idx] != self.epoch:
             self._adopt_epoch(int(self.state.epoch_go_np[self.worker_idx]))
-        if self.waiting:
-            self._release_waiting()
+        if self.sink.waiting:  # hts/ppo: groups whose next interval the learner has allowed go on
+            for g in self.sink.released():
+                self._request_actions(g)
             timeout = min(timeout, 0.002)  # a batch boundary: keep an eye on the learner
         try:
             groups = self.queues.worker.get_many(timeout=timeout)
@@ -362,7 +360,6 @@ class RolloutWorker:
         slots, ts = self.slot[lo:hi].tolist(), self.t[lo:hi].tolist()
         # the group's actions in one fancy-index read (one copy instead of a view per env)
         actions = self.actions_np[slots, ts]
-        self.next_interval = self.interval[g] + 1
         envs = self.sink.envs_to_step(g)  # (sf.eval: not an env whose agents met their quotas)
         if self.A == 1:
             for e in envs:
@@ -440,7 +437,7 @@ class RolloutWorker:
             self.rnn_np[slot, t] = 0.0  # the next step starts a new episode: fresh recurrent state
             self._episode_start(i)
         if t == self.T:
-            new_slot = self._next_slot(i, interval=self.next_interval)
+            new_slot = self._next_slot(i)
             if PAUSE_AT:
                 pause("rollout_worker_trajectory_end")
             for k in self.obs_np:

@@ -138,12 +138,14 @@ def test_census_waits_for_live_moves_and_stops_new_ones():
     thread.join()
     assert _on(queues.learner[0]) == [0] and _on(queues.free) == [2, 3]
     queues.free.put_many([2, 3])
-    worker = SimpleNamespace(ledger=SlotLedger(state, "rollout_worker_0"), worker_idx=0, finished=[[1]],
-                             learner_queues=queues.learner, queues=queues, agent_slots=np.zeros((1, 2), int))
+    worker = SimpleNamespace(ledger=SlotLedger(state, "rollout_worker_0"), worker_idx=0,
+                             outbox=SimpleNamespace(finished=[[1]]), learner_queues=queues.learner, queues=queues,
+                             agent_slots=np.zeros((1, 2), int))
     state.census_np[0] = 1  # a census runs
     RolloutWorker._send_finished(worker)
     assert RolloutWorker._move_free_slot(worker, 0, None) is None
-    assert worker.finished == [[1]] and owner[1] == 0 and _on(queues.learner[0]) == [] and state.moving_np[row] % 2 == 0
+    assert worker.outbox.finished == [[1]] and owner[1] == 0 and _on(queues.learner[0]) == []
+    assert state.moving_np[row] % 2 == 0
     state.census_np[0] = 0
     RolloutWorker._send_finished(worker)
     assert RolloutWorker._move_free_slot(worker, 0, None) == 2 and owner[[1, 2]].tolist() == [slot_queued(0), 0]

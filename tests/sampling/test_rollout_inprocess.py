@@ -61,9 +61,9 @@ def test_hts_slots_are_fixed_and_intervals_wait_for_the_learner(tmp_path):
         for _ in range(200):
             run.step()
             slots += run.finished_slots()
-            if len(run.worker.waiting) == 2:
+            if len(run.worker.sink.waiting) == 2:
                 break
-        assert sorted(slots) == [0, 1, 2, 3] and run.worker.waiting == {0: 1, 1: 1}
+        assert sorted(slots) == [0, 1, 2, 3] and run.worker.sink.waiting == {0: 1, 1: 1}
         assert run.worker.slot.tolist() == [8, 9, 10, 11] and run.worker.t.tolist() == [0] * 4
         for _ in range(20):  # nothing moves before the learner's go
             run.step()
@@ -72,9 +72,9 @@ def test_hts_slots_are_fixed_and_intervals_wait_for_the_learner(tmp_path):
         for _ in range(200):
             run.step()
             slots += run.finished_slots()
-            if len(run.worker.waiting) == 2:
+            if len(run.worker.sink.waiting) == 2:
                 break
-        assert sorted(slots[4:]) == [8, 9, 10, 11] and run.worker.waiting == {0: 2, 1: 2}
+        assert sorted(slots[4:]) == [8, 9, 10, 11] and run.worker.sink.waiting == {0: 2, 1: 2}
         rng = action_noise_rng(3, 1)  # env 1 of worker 0: its first 8 noise draws fill slot 1, steps 0..7
         expected = np.empty((8, 1), np.float32)
         for row in expected:
@@ -122,10 +122,10 @@ def test_reward_scale_and_clip_apply_to_training_rewards_only(tmp_path):
             for slot in run.finished_slots():
                 seen |= set(run.buffers.rewards[slot].tolist())
                 run.queues.free.put(slot)
-            if run.worker.episodes:
+            if run.worker.outbox.episodes:
                 break
         assert seen and seen <= {float(np.float32(-0.02)), float(np.float32(0.02))}, seen
-        episode = run.worker.episodes[0]
+        episode = run.worker.outbox.episodes[0]
         assert episode["reward"] < -0.05 or episode["reward"] > 0.5  # (50 steps x -0.01, or reaching the goal)
     finally:
         run.close()
