@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 class AsyncSchedule:
     """--sync_mode async: batches of trajectories as they come, weights published after every SGD step."""
-    frees_slots = True  # the batcher returns a batch's slots to the free list once it copied them out
     budget_done = False  # (the runner ends an async run on the budget)
 
     def __init__(self, learner):
@@ -87,7 +86,6 @@ class IntervalSchedule:
     --num_policies > 1 with them), whose hyperparameters are the configuration's (forced onto a loaded optimizer state
     in Learner._load_checkpoint)."""
     mode = ""
-    frees_slots = False  # slots are fixed; the rollout workers wait for sync_ready instead
 
     def __init__(self, learner):
         self.learner = learner
@@ -190,7 +188,7 @@ class PpoSchedule(IntervalSchedule):
         self.learner.state.set_sync_ready(k + 1)
 
 
-# a RunMode's schedule (sf/cfg/mode.py) -> its class; frees_slots agrees with the mode's (tests/cfg/test_mode.py)
+# a RunMode's schedule (sf/cfg/mode.py) -> its class
 SCHEDULES = {"async": AsyncSchedule, "hts": HtsSchedule, "ppo": PpoSchedule}
 
 

@@ -31,10 +31,12 @@ from sf.processes.slot_ledger import CENSUS_PAUSE_SEC, SlotLedger
 
 class Batcher:
     def __init__(self, buffers, queues, ledger: SlotLedger, device, policy_id: int, trajs_per_batch: int,
-                 frames_per_traj: int, masks_steps: bool, schedule, recycled: Callable[[int], None] | None = None,
-                 copied: Callable[[], None] | None = None):
+                 frames_per_traj: int, masks_steps: bool, schedule, frees_slots: bool,
+                 recycled: Callable[[int], None] | None = None, copied: Callable[[], None] | None = None):
         """queues: .learner (this policy's queue of full slots), .free (the free list). schedule: the learner's batch
-        schedule (order_batch, frees_slots). masks_steps: mark the steps this policy acted (experience["own"]).
+        schedule (order_batch). frees_slots: the run's mode returns a batch's slots to the free list once they are
+        copied out (RunMode.frees_slots; hts/ppo: fixed slots, the rollout workers wait for sync_ready).
+        masks_steps: mark the steps this policy acted (experience["own"]).
         recycled: --sampler_only (a benchmark): the slots go back to the free list as they come, untrained, and this is
         called with their env frames. copied: called in process mode for every batch copied out (SharedState's
         batches_out: the policy workers pause while --num_batches_to_accumulate are out)."""
@@ -42,6 +44,7 @@ class Batcher:
         self.policy_id, self.held = policy_id, slot_held(policy_id)
         self.trajs_per_batch, self.frames_per_traj = trajs_per_batch, frames_per_traj
         self.masks_steps, self.schedule, self.recycled, self.copied = masks_steps, schedule, recycled, copied
+        self.frees_slots = frees_slots
         self.pending: list[int] = []  # slots taken, not yet copied out
         self.batches: queue.Queue | None = None  # process mode: the batch copied out and waiting (start_thread)
         self._stop = threading.Event()
@@ -71,7 +74,7 @@ class Batcher:
             experience["own"] = experience["policy_ids"] == self.policy_id
         # no wait for the device: gather returns once the slots were read on the host (CUDA: into pinned staging, whose
         # asynchronous copy to the device the batch's consumers wait for on the device; see GatherStaging)
-        if self.schedule.frees_slots:
+        if self.frees_slots:
             self._release(slots.tolist())
         LAPS.lap("copy")
         return experience

@@ -145,7 +145,7 @@ class Learner:
         self.copy_scratch: torch.nn.Module | None = None  # PBT: a copy lands here first (whole, or not at all)
         self.ledger = SlotLedger(shared_state, name, policy_id)  # (its moves of slots: the batcher's)
         self.batcher = Batcher(buffers, queues, self.ledger, self.device, policy_id, self.trajs_per_batch,
-                               self.frames_per_traj, self.masks_steps, self.schedule,
+                               self.frames_per_traj, self.masks_steps, self.schedule, cfg.mode.frees_slots,
                                recycled=self._count_recycled if cfg.sampler_only else None,
                                copied=functools.partial(shared_state.batch_copied, policy_id))
         if replacement:

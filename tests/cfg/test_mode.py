@@ -15,9 +15,9 @@ from sf.learning.batch_schedule import SCHEDULES
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_mode_has_a_schedule_that_agrees_on_slots():
+def test_every_mode_has_a_schedule_and_its_slots_follow_its_intervals():
     for mode in MODES.values():
-        assert SCHEDULES[mode.schedule].frees_slots == mode.frees_slots, mode.name
+        assert mode.schedule in SCHEDULES, mode.name
         assert mode.lag_bounded == mode.frees_slots == (not mode.intervals)
     assert EVALUATION.schedule is None and EVALUATION.deterministic and not EVALUATION.paced
 

@@ -113,9 +113,9 @@ def test_a_release_whose_body_raises_stays_open():
 def _batcher(state, trajs_per_batch=2):
     queues = SimpleNamespace(learner=Queue(), free=Queue())
     ledger = SlotLedger(state, "learner_p1", policy=1)
-    schedule = SimpleNamespace(frees_slots=True, order_batch=lambda pending: None)
+    schedule = SimpleNamespace(order_batch=lambda pending: None)
     return queues, Batcher(None, queues, ledger, "cpu", 1, trajs_per_batch, frames_per_traj=8, masks_steps=False,
-                           schedule=schedule)
+                           schedule=schedule, frees_slots=True)
 
 
 def test_batcher_takes_slots_marked_held_in_one_move_and_none_while_a_census_runs(sleeps):
