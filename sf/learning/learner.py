@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sf.cfg.context import RunContext
 from sf.cfg.shape import RunShape
 from sf.learning import collectives
 from sf.learning.appo import APPO, cfg_hyperparams
@@ -410,13 +411,13 @@ def learner_threads(cfg: Config) -> int:
     return schedule_class(cfg).torch_threads(cores, cfg)
 
 
-def run_learner(cfg: Config, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                frameskip, shape, policy_id=0, all_weights=None, replacement=False, world=None) -> None:
+def run_learner(run: RunContext, buffers, queues, shared_weights, shared_state, policy_id=0, all_weights=None,
+                replacement=False) -> None:
     """Process entry: normal priority; uses the cores the (niced) rollout workers leave idle (a population's learners
-    share them). world: the runner's (torchrun's ranks, read once by the runner); None: one process."""
+    share them). run: the run's context (its configuration, shape, world, spaces, device: sf/cfg/context.py)."""
     from sf.processes.control import bind_device, limit_threads
-    bind_device(device)
-    limit_threads(learner_threads(cfg))
-    learner = Learner(cfg, obs_space, action_space, buffers, queues, shared_weights, shared_state, device, exp_dir,
-                      frameskip, shape, policy_id, all_weights, replacement, world)
+    bind_device(run.device)
+    limit_threads(learner_threads(run.cfg))
+    learner = Learner(run.cfg, run.obs_space, run.action_space, buffers, queues, shared_weights, shared_state,
+                      run.device, run.exp_dir, run.frameskip, run.shape, policy_id, all_weights, replacement, run.world)
     learner.run()

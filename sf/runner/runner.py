@@ -35,6 +35,7 @@ import torch
 from sf.buffers.shared_weights import SharedWeights
 from sf.buffers.trajectory_buffers import TrajectoryBuffers
 from sf.cfg import ConfigError, RunError, experiment_dir, resolve_device
+from sf.cfg.context import RunContext
 from sf.cfg.shape import RunShape
 from sf.learning.appo import exploration_loss_problem
 from sf.learning.learner import checkpoint_meta, run_learner
@@ -87,6 +88,9 @@ class Runner(ProcessHealth):
         # the experiment's lock (rank 0; run_training takes it): its learners hold it too
         self.lock: ExperimentLock | None = None
         self._check_policies(env_bytes)
+        # what every process is told about the run at its start (sf/cfg/context.py)
+        self.run_context = RunContext(cfg, self.shape, self.world, tuple(self.policies), self.obs_space,
+                                      self.action_space, self.device, self.exp_dir, self.spec.frameskip)
 
     def _check_policies(self, env_bytes: int) -> None:
         """The checks once the env is known (env_bytes: the memory one env takes): the exploration loss and the action
@@ -202,22 +206,20 @@ class Runner(ProcessHealth):
         name = learner_name(p, self.num_policies)
         # the learner writes the checkpoints: it holds the experiment's lock too (its descriptor, passed on), so the
         # lock outlives a killed runner until the learner is gone as well
-        self._start(name, run_holding, self.lock, run_learner, self.cfg, self.obs_space, self.action_space,
-                    self.buffers, learner_queues(self.queues, p), self.weights[p], self.state, self.device,
-                    self.exp_dir, self.spec.frameskip, self.shape, p, self.weights, replacement, self.world)
+        self._start(name, run_holding, self.lock, run_learner, self.run_context, self.buffers,
+                    learner_queues(self.queues, p), self.weights[p], self.state, p, self.weights, replacement)
         return name
 
     def _start_policy_worker(self, p: int, i: int) -> str:
         name = policy_worker_name(p, i, self.num_policies)
-        self._start(name, run_policy_worker, self.cfg, i, self.obs_space, self.action_space, self.buffers,
-                    self.env_slots, policy_queues(self.queues, p), self.weights[p], self.state, self.device, p,
-                    self.shape)
+        self._start(name, run_policy_worker, self.run_context, i, self.buffers, self.env_slots,
+                    policy_queues(self.queues, p), self.weights[p], self.state, p)
         return name
 
     def _start_rollout_worker(self, w: int) -> str:
         name = f"rollout_worker_{w}"
-        self._start(name, run_rollout_worker, self.cfg, w, self.buffers, self.env_slots, worker_queues(self.queues, w),
-                    self.state, w, self.shape, list(self.policies), unwind=True)
+        self._start(name, run_rollout_worker, self.run_context, w, self.buffers, self.env_slots,
+                    worker_queues(self.queues, w), self.state, w, unwind=True)
         return name
 
     # --- run ---

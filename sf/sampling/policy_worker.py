@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import torch
 
+from sf.cfg.context import RunContext
 from sf.cfg.shape import RunShape
 from sf.model.action_spaces import ACTION_MASK_KEY, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic, run_precision
@@ -250,21 +251,23 @@ class PolicyWorker:
         return tuple(torch.cat(parts)[:b] for parts in zip(*outs))
 
 
-def run_policy_worker(cfg: Config, worker_idx, obs_space, action_space, buffers, env_slots, queues, shared_weights,
-                      shared_state, device, policy_id: int, shape: RunShape) -> None:
-    """Process entry: `--policy_worker_torch_threads` threads; on a CPU device at the rollout workers' priority (nice
-    +5), below the learner's: the learner is the costliest stage on a CPU and every frame waits for it, while a policy
-    worker at the same priority as the learner takes its time slices (measured on 2 cores, doom_battle 2 workers x 8
-    envs: 1.07x the frames/s at nice +5). On a GPU its forwards are the device's work: normal priority."""
+def run_policy_worker(run: RunContext, worker_idx, buffers, env_slots, queues, shared_weights, shared_state,
+                      policy_id: int) -> None:
+    """Process entry (run: the run's context, sf/cfg/context.py): `--policy_worker_torch_threads` threads; on a CPU
+    device at the rollout workers' priority (nice +5), below the learner's: the learner is the costliest stage on a CPU
+    and every frame waits for it, while a policy worker at the same priority as the learner takes its time slices
+    (measured on 2 cores, doom_battle 2 workers x 8 envs: 1.07x the frames/s at nice +5). On a GPU its forwards are the
+    device's work: normal priority."""
     from sf.processes.control import bind_device, limit_threads, runner_alive, set_affinity
     from sf.processes.shared_state import policy_worker_name
+    cfg, device = run.cfg, run.device
     bind_device(device)
     if torch.device(device).type == "cpu":
         set_affinity(None, nice=5)
     limit_threads(cfg.policy_worker_torch_threads)
     heartbeat = shared_state.heartbeat_slot(policy_worker_name(policy_id, worker_idx, shared_state.num_policies))
-    worker = PolicyWorker(cfg, obs_space, action_space, buffers, env_slots, queues, shared_weights, device, worker_idx,
-                          policy_id, shared_state, shape)
+    worker = PolicyWorker(cfg, run.obs_space, run.action_space, buffers, env_slots, queues, shared_weights, device,
+                          worker_idx, policy_id, shared_state, run.shape)
     worker.wait_for_weights(shared_state.stopping, lambda: shared_state.beat(heartbeat))
     shared_state.set_started(heartbeat)
     # a paced mode (async): no request served while the learner has --num_batches_to_accumulate batches out

@@ -54,6 +54,7 @@ import torch
 
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
+from sf.cfg.context import RunContext
 from sf.cfg.shape import RunShape
 from sf.model.action_spaces import draw_action_noise
 from sf.sampling.episode_sink import AgentTable, Outbox, SinkPort, episode_sink
@@ -475,19 +476,20 @@ class RolloutWorker:
                 pass
 
 
-def run_rollout_worker(cfg: Config, worker_idx, buffers, env_slots, queues, shared_state, core, shape: RunShape,
-                       policies: Sequence[int]) -> None:
-    """Process entry: lower priority than policy workers and learner, pinned to one core, one thread. Its envs may be
-    processes of their own (VizDoom engines): however this worker ends, they end with it."""
+def run_rollout_worker(run: RunContext, worker_idx, buffers, env_slots, queues, shared_state, core) -> None:
+    """Process entry (run: the run's context, sf/cfg/context.py): lower priority than policy workers and learner,
+    pinned to one core, one thread. Its envs may be processes of their own (VizDoom engines): however this worker
+    ends, they end with it."""
     from sf.processes.control import add_leftover_hook, kill_descendants, limit_threads, runner_alive, set_affinity
     from sf_envs.registry import process_leftover_files
     add_leftover_hook(process_leftover_files)  # its engines' shared memory goes with them if they must be killed
     limit_threads(1)
+    cfg = run.cfg
     set_affinity(core if cfg.set_workers_cpu_affinity else None, nice=5)
     worker = None
     try:
-        worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state, shape=shape,
-                               policies=policies)
+        worker = RolloutWorker(cfg, worker_idx, buffers, env_slots, queues, shared_state, shape=run.shape,
+                               policies=list(run.policies))
         worker.start()
         shared_state.set_started(worker.heartbeat)
         while not shared_state.stopping() and runner_alive():

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sf.cfg import parse_cfg
+from sf.cfg.context import RunContext
 from sf.learning.learner import run_learner
 from sf.processes.control import bind_device, device_thread
 from sf.sampling.policy_worker import run_policy_worker
@@ -36,12 +37,13 @@ def bound(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("entry,before_device", [(run_learner, 7), (run_policy_worker, 9)],
-                         ids=["learner", "policy_worker"])
-def test_a_cuda_process_binds_its_device_before_anything_else(bound, entry, before_device):
-    """The entry binds cuda:1 first: the fake stops it before it touches its other arguments (all None here)."""
+@pytest.mark.parametrize("entry,others", [(run_learner, 4), (run_policy_worker, 7)], ids=["learner", "policy_worker"])
+def test_a_cuda_process_binds_its_device_before_anything_else(bound, entry, others):
+    """The entry binds its run context's cuda:1 first: the fake stops it before it touches anything else (the
+    context's other fields and the entry's other arguments are all None here)."""
+    run = RunContext(*[None] * 6, device="cuda:1", exp_dir=None, frameskip=None)
     with pytest.raises(Bound):
-        entry(*[None] * before_device, "cuda:1", *[None] * (3 if entry is run_learner else 2))
+        entry(run, *[None] * others)
     assert bound == [(threading.current_thread().name, torch.device("cuda", 1))]
 
 
