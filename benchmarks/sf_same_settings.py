@@ -97,7 +97,14 @@ def _flag(name: str, value: Any) -> list[str]:
 def translate(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(Sample Factory flags giving it our values where they differ from its defaults `theirs` (`sf_defaults`), our
     parameters it has no flag or no such value for). `ours`: a run's config.json."""
+    from types import SimpleNamespace
+
+    from sf.cfg.mode import MODES
     from sf.cfg.sf_compat import SF_FLAGS
+    # hts/ppo: our SGD steps per epoch are the batch's (RunMode.minibatches: one per --batch_size samples of one
+    # rollout of every env), whatever --num_batches_per_epoch says; Sample Factory's sync mode takes them from
+    # --num_batches_per_epoch, and refuses to start unless those minibatches make up whole rollouts
+    ours = dict(ours, num_batches_per_epoch=MODES[ours["sync_mode"]].minibatches(SimpleNamespace(**ours)))
     alias_of = {f.name: f.target for f in SF_FLAGS if f.kind == "alias" and f.value is None}
     family = next((p for p in FAMILY_PREFIXES if ours["env"].startswith(p)), "-")
     other_family = lambda k: k.startswith(FAMILY_PREFIXES) and not k.startswith(family)  # noqa: E731

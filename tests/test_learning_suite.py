@@ -115,6 +115,20 @@ def test_same_settings_give_sample_factory_our_values_where_they_differ():
     assert _sf_same_settings().translate(ppo, {"async_rl": True})[0] == ["--async_rl=False"]
 
 
+def test_same_settings_of_a_ppo_run_give_sample_factorys_sync_mode_whole_rollouts():
+    """ppo mode (MuJoCo's): our SGD steps per epoch are one per --batch_size samples of the batch, whatever
+    --num_batches_per_epoch says; Sample Factory's sync mode reads them from --num_batches_per_epoch and refuses to
+    start unless num_workers x envs x rollout is a whole multiple of num_batches_per_epoch x batch_size (its 'Ratio is
+    0.25 (should be a positive integer)', seen with 2 x 16 x 64 samples and 4 x 128)."""
+    from sf.cfg.parse import parse_cfg
+    ours = parse_cfg(["--env", "mujoco_ant", "--num_workers", "2", "--num_envs_per_worker", "16"]).as_dict()
+    assert ours["sync_mode"] == "ppo" and ours["batch_size"] == 128 and ours["num_batches_per_epoch"] == 4
+    flags, _ = _sf_same_settings().translate(ours, {"async_rl": False, "num_batches_per_epoch": 1, "batch_size": 1024})
+    given = dict(f[2:].split("=") for f in flags)
+    assert given["num_batches_per_epoch"] == "16" and given["batch_size"] == "128", flags
+    assert 2 * 16 * ours["rollout"] % (int(given["num_batches_per_epoch"]) * int(given["batch_size"])) == 0
+
+
 @pytest.mark.e2e
 def test_same_settings_against_sample_factorys_own_parser(tmp_path):
     """Sample Factory 2.1.1's VizDoom trainer reads every flag given (its parser refuses unknown ones): with them its

@@ -159,7 +159,8 @@ def test_preset_is_cleanrls_optimisation_over_sample_factorys(tmp_path):
 def test_sample_factorys_flags_restore_every_setting_its_parser_gives():
     """Sample Factory 2.1.1's own parser (its MuJoCo trainer, in .venv-sf) against our configuration with SF_FLAGS:
     every flag that names a parameter of ours has its value, but for what does not change a synchronous
-    single-policy run (the lag cut, unused by synchronous PPO; PBT's perturbation; the workers, the caller's)."""
+    single-policy run (the lag cut, unused by synchronous PPO; PBT's perturbation). With fewer workers the batch is
+    smaller, and so are its minibatches per epoch (ours: one per --batch_size samples; its: --num_batches_per_epoch)."""
     import importlib.util
 
     from test_import_sf import SF_PYTHON
@@ -170,9 +171,12 @@ def test_sample_factorys_flags_restore_every_setting_its_parser_gives():
     spec.loader.exec_module(same)
     theirs = same.sf_defaults(str(SF_PYTHON), "sf_examples.mujoco.train_mujoco", "mujoco_hopper")
     for env in ("mujoco_hopper", "mujoco_halfcheetah"):
-        ours = parse_cfg(["--env", env, *SF_FLAGS]).as_dict()
+        # (its 8 workers: a ppo batch of one rollout of every env, whose minibatches its --num_batches_per_epoch gives)
+        ours = parse_cfg(["--env", env, "--num_workers", str(theirs["num_workers"]), *SF_FLAGS]).as_dict()
         differing = {f.split("=")[0] for f in same.translate(ours, theirs)[0] if f.startswith("--")}
-        assert differing <= {"--max_policy_lag", "--num_workers", "--pbt_perturb_min", "--pbt_perturb_max"}, differing
+        assert differing <= {"--max_policy_lag", "--pbt_perturb_min", "--pbt_perturb_max"}, differing
+        two = parse_cfg(["--env", env, "--num_workers", "2", *SF_FLAGS]).as_dict()  # a quarter of the batch: 1 step
+        assert {"--num_workers=2", "--num_batches_per_epoch=1"} <= set(same.translate(two, theirs)[0])
         assert "--batch_size=128" in same.translate(parse_cfg(["--env", env]).as_dict(), theirs)[0]
 
 
