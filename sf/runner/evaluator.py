@@ -7,7 +7,6 @@ Nothing is written here: no statistics, TensorBoard or checkpoint (sf.eval write
 from __future__ import annotations
 
 import logging
-import signal
 import time
 
 import torch
@@ -23,11 +22,12 @@ log = logging.getLogger("sf")
 
 
 class Evaluator(Runner):
-    """Training's sampler without its learners: rollout workers, and policy workers of the policies that play."""
+    """Training's sampler without its learners: rollout workers, and policy workers of the policies that play. The
+    runner's own run(), with its lifecycle's hooks (Runner's docstring) filled for an evaluation."""
     stopping_note = "stopping the evaluation (no CSV is written)"
     poll_sec = 0.02
 
-    def _check_policies(self, env_bytes: int) -> None:
+    def check_policies(self, env_bytes: int) -> None:
         """Every policy that plays has a checkpoint that fits the model (load_policy); the run fits in memory, with one
         trajectory slot per agent, reused (sf/sampling/evaluation.py)."""
         cfg, self.plan = self.cfg, self.cfg._eval_plan
@@ -40,7 +40,7 @@ class Evaluator(Runner):
         self.rows: list[dict] = []
         self.sampling_since = self.done_at = None
 
-    def _shared_weights(self) -> list[SharedWeights | None]:
+    def shared_weights(self) -> list[SharedWeights | None]:
         """The checkpoints' weights, published once (None for a policy that does not play)."""
         bind_device(self.device)  # (the shared weights on the evaluation's GPU)
         weights: list[SharedWeights | None] = [None] * self.num_policies
@@ -62,8 +62,11 @@ class Evaluator(Runner):
         if len(self.rows) >= self.plan.total and self.done_at is None:
             self.done_at = time.time()
 
-    def _start_learners(self) -> None:
+    def start_learners(self) -> None:
         """None: the weights are the checkpoints'."""
+
+    def start_tracking(self) -> None:
+        """None: nothing is written but the CSV."""
 
     def supervise(self, start: float) -> None:
         """Runner's loop, timed from now: every process has been started (sampling_since, until every one has also
@@ -84,17 +87,13 @@ class Evaluator(Runner):
             log.info("Evaluated %d of %d episodes", len(self.rows), self.plan.total)
             self.last_report = now
 
-    def run(self) -> int:
-        """Runner.run without learners, statistics or checkpoints; returns the exit code: 0 with every row in, 130
-        stopped by a signal, 1 a process failed."""
-        old = self._begin()
-        try:
-            self._run_processes(time.time())
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-            self.reports.drain()
-            self.close_queues()
+    def finish(self, start: float) -> None:
+        """The last rows; the queues closed (no statistics, PBT or slot audit)."""
+        self.reports.drain()
+        self.close_queues()
+
+    def conclude(self, start: float) -> int:
+        """The exit code: 0 with every row in, 130 stopped by a signal, 1 a process failed."""
         if self.done_at is not None and self.exit_code == 0:
             return 0
         return 130 if self.interrupts else 1

@@ -68,11 +68,15 @@ log = logging.getLogger("sf")
 
 
 class Runner(ProcessHealth):
+    """A run's lifecycle (run()): the checks (__init__: check_policies), the shared memory (build: shared_weights), the
+    processes (start_processes: start_learners; start_tracking), their supervision until the budget (supervise:
+    budget_reached, step), their stop (stop_processes), then finish() and conclude() (the exit code). Those hooks are
+    what a kind of run fills in: training here, sf.eval's evaluation in sf/runner/evaluator.py."""
     stopping_note = "stopping (final checkpoint)"  # the console line of a first Ctrl-C / SIGTERM
     poll_sec = 0.1  # the supervision loop's period
 
     def __init__(self, cfg: Config, world: ranks.World | None = None):
-        """Checks only (sf/runner/startup/preflight.py): the env runs, then _check_policies (the model fits the
+        """Checks only (sf/runner/startup/preflight.py): the env runs, then check_policies (the model fits the
         checkpoint to resume, the run fits in memory). Nothing is written or allocated here (build() does that when the
         run starts). world: torchrun's ranks (one by default)."""
         self.cfg, self.exp_dir = cfg, experiment_dir(cfg)
@@ -87,12 +91,12 @@ class Runner(ProcessHealth):
         self.data_parallel = self.world.data_parallel(self.num_policies)
         # the experiment's lock (rank 0; run_training takes it): its learners hold it too
         self.lock: ExperimentLock | None = None
-        self._check_policies(env_bytes)
+        self.check_policies(env_bytes)
         # what every process is told about the run at its start (sf/cfg/context.py)
         self.run_context = RunContext(cfg, self.shape, self.world, tuple(self.policies), self.obs_space,
                                       self.action_space, self.device, self.exp_dir, self.spec.frameskip)
 
-    def _check_policies(self, env_bytes: int) -> None:
+    def check_policies(self, env_bytes: int) -> None:
         """The checks once the env is known (env_bytes: the memory one env takes): the exploration loss and the action
         mask fit its action space, the model fits the checkpoint to resume, the run fits in memory; PBT's state."""
         cfg = self.cfg
@@ -148,7 +152,7 @@ class Runner(ProcessHealth):
         cfg, P = self.cfg, self.num_policies
         self.buffers = TrajectoryBuffers(self.shape.slots, cfg.rollout, self.obs_space, self.action_space,
                                          self.rnn_state_size)
-        self.weights = self._shared_weights()
+        self.weights = self.shared_weights()
         self.state = SharedState(cfg.num_workers, cfg.policy_workers_per_policy, P, tuple(self.shaping),
                                  self.shape.slots)
         # [W, agents per worker, (slot, t, policy)]
@@ -162,7 +166,7 @@ class Runner(ProcessHealth):
             self.population) if cfg.with_pbt and self.world.distributed else None)
         return self.pbt_link.hyper or hyper if self.pbt_link else hyper
 
-    def _shared_weights(self) -> list[SharedWeights]:
+    def shared_weights(self) -> list[SharedWeights]:
         """Each policy's weights in shared memory (its learner publishes them)."""
         return [SharedWeights(create_actor_critic(self.cfg, self.obs_space, self.action_space), self.device)
                 for _ in range(self.num_policies)]
@@ -191,14 +195,14 @@ class Runner(ProcessHealth):
         self.context = context or worker_context(self.env_modules)
         # the fork server and multiprocessing's helpers
         self.own_children = {c.pid for c in psutil.Process().children()}
-        self._start_learners()
+        self.start_learners()
         for p in self.policies:
             for i in range(self.cfg.policy_workers_per_policy):
                 self._start_policy_worker(p, i)
         for w in range(self.cfg.num_workers):  # they make their envs while the learner loads: start-up runs in parallel
             self._start_rollout_worker(w)
 
-    def _start_learners(self) -> None:
+    def start_learners(self) -> None:
         for p in self.policies:
             self._start_learner(p)
 
@@ -232,8 +236,7 @@ class Runner(ProcessHealth):
         old = self._begin()
         start = time.time()
         try:
-            if self.stats.enabled:  # W&B (--with_wandb); before the processes
-                self.stats.tracker = tracking.start(self.cfg, self.exp_dir)
+            self.start_tracking()
             if self.cfg.mode.serial:
                 try:
                     run_serial(self, start)
@@ -246,7 +249,16 @@ class Runner(ProcessHealth):
                 # once a stop was asked, a repeated SIGTERM (a batch system's, or timeout(1)'s second one) that comes
                 # after the run stopped in order must not kill the process on its way out (exit code -15)
                 signal.signal(s, signal.SIG_IGN if s == signal.SIGTERM and self.stop_requests.count else h)
-            self._finish(start)
+            self.finish(start)
+        return self.conclude(start)
+
+    def start_tracking(self) -> None:
+        """W&B (--with_wandb), before the processes."""
+        if self.stats.enabled:
+            self.stats.tracker = tracking.start(self.cfg, self.exp_dir)
+
+    def conclude(self, start: float) -> int:
+        """The Done line; the exit code."""
         run_log.log_done(self, start)
         return self.exit_code
 
@@ -268,7 +280,7 @@ class Runner(ProcessHealth):
             self.stop_processes()
             kill_adopted(self.own_children)  # engines of a worker that died without closing them
 
-    def _finish(self, start: float) -> None:
+    def finish(self, start: float) -> None:
         """After the processes ended: the last reports and report line, the faults, the slot audit, PBT's state, the
         last summaries; the statistics and queues closed."""
         self.reports.drain()
