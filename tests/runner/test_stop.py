@@ -47,6 +47,17 @@ def assert_done_names_the_checkpoint_kept(tmp_path: Path, text: str) -> None:
     assert kept and f"No final checkpoint; the last one kept: {kept[-1]}" in line_with(text, "Done: "), text[-2000:]
 
 
+def sigterm_and_wait(p: subprocess.Popen) -> tuple[int, float]:
+    """SIGTERM to the runner alone (a scheduler's): (its exit code, the seconds it took to exit)."""
+    try:
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGTERM)
+        rc = p.wait(timeout=120)
+        return rc, time.monotonic() - t0
+    finally:
+        p.kill()
+
+
 def line_with(text: str, needle: str) -> str:
     return next(line for line in text.splitlines() if needle in line)
 
@@ -100,13 +111,7 @@ def test_a_sigterm_stop_fits_its_grace_period(tmp_path):
     with cpu_hogs(2):
         p, log, _ = start_with_a_checkpoint(tmp_path, ["--sigterm_grace_sec", "12"],
                                             {"SF_TEST_WRITE_BYTES_PER_SEC": str(SLOW_DISK)})
-        try:
-            t0 = time.monotonic()
-            os.kill(p.pid, signal.SIGTERM)
-            rc = p.wait(timeout=120)
-            took = time.monotonic() - t0
-        finally:
-            p.kill()
+        rc, took = sigterm_and_wait(p)
     text = log.read_text()
     assert took < 12, (took, text[-3000:])  # a deadline, not a speed: past it a scheduler's SIGKILL would come
     assert rc == 1, text[-3000:]
@@ -140,14 +145,12 @@ def test_a_sigterm_stop_fits_its_grace_period_when_tensorboard_fsyncs_slowly(tmp
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_EVENT_FSYNC)
     p, log, _ = start_with_a_checkpoint(tmp_path, ["--sigterm_grace_sec", "12"], {"PYTHONPATH": str(site)})
-    try:
+    try:  # (the TensorBoard writer is made with the first summaries, a report line's company)
         wait_for(lambda: "Fps is" in log.read_text(), 60, "a report line", log)
-        t0 = time.monotonic()
-        os.kill(p.pid, signal.SIGTERM)
-        rc = p.wait(timeout=120)
-        took = time.monotonic() - t0
-    finally:
+    except BaseException:
         p.kill()
+        raise
+    rc, took = sigterm_and_wait(p)
     text = log.read_text()
     assert took < 12, (took, text[-3000:])
     assert rc == 0, text[-3000:]
