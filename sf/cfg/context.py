@@ -19,7 +19,6 @@ from sf.processes.ranks import World
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config
-    from sf.cfg.mode import RunMode
     from sf.cfg.shape import RunShape
 
 
@@ -38,7 +37,3 @@ class RunContext:
     device: Any  # a torch.device, or its name
     exp_dir: Path
     frameskip: int
-
-    @property
-    def mode(self) -> RunMode:
-        return self.cfg.mode
