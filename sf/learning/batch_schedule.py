@@ -1,6 +1,8 @@
 """The learner's batch schedule (--sync_mode): which trajectories make a training batch, when the actors get new
-weights, and the learner's process loop. One class per schedule, chosen by the run's mode (`schedule_class`, from
-cfg.mode.schedule: sf/cfg/mode.py); the learner holds one.
+weights, and whether the budget ends the run at a batch boundary. One class per schedule, chosen by the run's mode
+(`schedule_class`, from cfg.mode.schedule: sf/cfg/mode.py). The learner owns its loop (Learner.run) and asks its
+schedule at each batch boundary; a schedule is told the versions and counts it needs and answers with a `Boundary`
+(what the learner does there), never touching the learner.
 
 async (Sample Factory's APPO): a training batch is `batch_size * num_batches_per_epoch / rollout` trajectories in the
 order they arrived; a batcher thread collects the next batch while one trains (sf/learning/batcher.py) and the weights
@@ -15,23 +17,36 @@ after the batch that reaches it: the same seed and config give the same weights.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from sf.learning import collectives
-from sf.learning.phase_timing import LAPS
-from sf.processes.control import runner_alive
-from sf.seeding import deterministic_kernels
+import dataclasses
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
+    import torch
+
     from sf.cfg.config import Config
+    from sf.cfg.shape import RunShape
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """What the learner does at a batch boundary, in this order."""
+    publish: bool = False  # publish its current weights (the actors' from then on)
+    release: Optional[int] = None  # let the actors start this rollout interval (SharedState.set_sync_ready)
+    collect: bool = False  # collection may go on: the batch has left the learner's hands (SharedState.batch_trained)
+
+
+STAY = Boundary()
 
 
 class AsyncSchedule:
     """--sync_mode async: batches of trajectories as they come, weights published after every SGD step."""
-    budget_done = False  # (the runner ends an async run on the budget)
+    batcher_thread = True  # the next batch is copied out while one trains
+    publishes_each_sgd_step = True
+    ends_on_budget = False  # the runner ends an async run on the budget
+    population_updates = True  # PBT's hyperparameters and weight copies, before each batch
 
-    def __init__(self, learner):
-        self.learner = learner
+    def __init__(self, shape: RunShape):
+        pass
 
     @staticmethod
     def torch_threads(cores: int, cfg: Config) -> int:
@@ -40,44 +55,14 @@ class AsyncSchedule:
     def order_batch(self, pending: list) -> None:
         """The batch's slots in training order: the order they came in."""
 
-    def sgd_step(self, version: int) -> None:
-        self.learner.publish(version)
+    def before_sgd(self, versions: torch.Tensor, version: int) -> Boundary:
+        """A batch taken (its samples' policy versions, the learner's current version), before its SGD steps."""
+        return STAY
 
-    def train(self, experience) -> None:
-        learner = self.learner
-        learner.apply_population_updates()
-        stats = learner.sgd(experience)
-        learner.state.batch_trained(learner.policy_id)  # collection resumes at once (before a periodic save)
-        learner.trained(stats)
-
-    def run(self) -> None:
-        """Process mode: batcher thread + training loop until the runner asks to stop; then the final save."""
-        learner, batcher = self.learner, self.learner.batcher
-        batcher.start_thread()
-        learner.state.set_started(learner.heartbeat)
-        try:
-            while True:
-                stopping = learner.state.stopping() or not runner_alive()
-                if stopping and not learner.data_parallel:
-                    break
-                learner.state.beat(learner.heartbeat)
-                if learner.population:  # also while no batch comes: a copy is visible to the actors at once
-                    learner.apply_population_updates()
-                experience = batcher.next_batch(timeout=0.1)
-                LAPS.lap("wait_batch")
-                if learner.data_parallel:
-                    if experience is None and not stopping:
-                        continue
-                    if not learner.ranks_go_on(stopping):  # every rank stops at this batch boundary
-                        break
-                if experience is not None:
-                    learner.train(experience)
-        except collectives.DistributedError:
-            learner.save(final=True)  # rank 0: the weights of the last step every rank made
-            raise
-        finally:
-            batcher.stop_thread()
-        learner.finish()
+    def after_sgd(self, stats: list, version: int) -> Boundary:
+        """The batch's SGD steps done (their stats, the version they ended at): collection resumes at once (before a
+        periodic save)."""
+        return Boundary(collect=True)
 
 
 class IntervalSchedule:
@@ -86,73 +71,65 @@ class IntervalSchedule:
     --num_policies > 1 with them), whose hyperparameters are the configuration's (forced onto a loaded optimizer state
     in Learner._load_checkpoint)."""
     mode = ""
+    batcher_thread = False  # nothing to overlap with
+    publishes_each_sgd_step = False  # the actors' weights change at batch boundaries only
+    ends_on_budget = True
+    population_updates = False
 
-    def __init__(self, learner):
-        self.learner = learner
-        deterministic_kernels(learner.device)
+    def __init__(self, shape: RunShape):
+        self.agents = shape.agents
         self.batch = 0  # the rollout interval whose batch comes next
         self.published: dict[int, int] = {}  # batches trained on -> the policy version published after them
-        self.budget_done = False
+        self.lag = 0  # the batch in training: batches between its behaviour weights and the learner's
 
     def order_batch(self, pending: list) -> None:
         """Batch k's slots in env order (sorted in place), checked: one interval of every env."""
         pending.sort()
-        agents = self.learner.shape.agents
-        expected = list(range((self.batch % 2) * agents, (self.batch % 2 + 1) * agents))
+        expected = list(range((self.batch % 2) * self.agents, (self.batch % 2 + 1) * self.agents))
         if pending != expected:
             raise RuntimeError(f"--sync_mode {self.mode}: batch {self.batch} got slots {pending[:8]}..., "
                                f"expected {expected[0]}..{expected[-1]}")
-
-    def sgd_step(self, version: int) -> None:
-        """The actors' weights change at batch boundaries only."""
-        self.learner.version = version
-        self.learner.state.beat(self.learner.heartbeat)
 
     def behaviour(self, k: int) -> int:
         """How many batches the weights that acted in interval k were trained on (a key of `published`)."""
         raise NotImplementedError
 
-    def before_training(self, k: int) -> None:
-        """Batch k taken, before its SGD steps."""
+    def before(self, k: int, version: int) -> Boundary:
+        """Batch k taken, before its SGD steps (the learner at `version`)."""
+        return STAY
 
-    def after_training(self, k: int) -> None:
-        """Batch k's SGD steps done."""
+    def after(self, k: int, version: int) -> Boundary:
+        """Batch k's SGD steps done (the learner at `version`)."""
+        return STAY
 
-    def publish_trained(self, batches: int) -> None:
-        """Publish the weights trained on batches 0..batches-1 (the actors' next interval's)."""
-        learner = self.learner
-        learner.publish(learner.version)
-        self.published[batches] = learner.version
-
-    def train(self, experience) -> None:
-        learner, k = self.learner, self.batch
+    def before_sgd(self, versions: torch.Tensor, version: int) -> Boundary:
+        """Batch k taken: its samples must all be of the version published after `behaviour(k)` batches (the mode's
+        guarantee, checked on the data itself)."""
+        k = self.batch
         if k == 0:
-            self.published[0] = learner.version  # the initial (or resumed) weights, published at start
+            self.published[0] = version  # the initial (or resumed) weights, published at start
         behaviour = self.behaviour(k)
-        self.before_training(k)
-        versions = experience["policy_versions"]
+        self.lag = k - behaviour
+        boundary = self.before(k, version)
         lo, hi = int(versions.min()), int(versions.max())
-        if lo != hi or lo != self.published[behaviour]:  # the mode's guarantee, checked on the data itself
+        if lo != hi or lo != self.published[behaviour]:
             raise RuntimeError(f"--sync_mode {self.mode}: batch {k} holds samples of policy versions {lo}..{hi}, "
                                f"expected only {self.published[behaviour]}")
-        stats = learner.sgd(experience)
-        for s in stats:
-            s["policy_lag_batches"] = float(k - behaviour)
-        self.after_training(k)
-        self.published.pop(behaviour - 1, None)
-        self.batch = k + 1
-        learner.trained(stats)
-        if learner.env_steps >= learner.cfg.train_for_env_steps:  # end at this batch boundary, whoever notices first
-            self.budget_done = True
+        return boundary
 
-    def run(self) -> None:
-        """Process mode: batches in interval order, no batcher thread (nothing to overlap with)."""
-        learner = self.learner
-        learner.state.set_started(learner.heartbeat)
-        while not learner.state.stopping() and runner_alive() and not self.budget_done:
-            learner.state.beat(learner.heartbeat)
-            learner.run_once(timeout=0.1)
-        learner.finish()
+    def after_sgd(self, stats: list, version: int) -> Boundary:
+        k = self.batch
+        for s in stats:
+            s["policy_lag_batches"] = float(self.lag)
+        boundary = self.after(k, version)
+        self.published.pop(k - self.lag - 1, None)
+        self.batch = k + 1
+        return boundary
+
+    def published_after(self, batches: int, version: int) -> Boundary:
+        """Publish the weights trained on batches 0..batches-1 (the actors' next interval's) and release it."""
+        self.published[batches] = version
+        return Boundary(publish=True, release=self.batch + 1)
 
 
 class HtsSchedule(IntervalSchedule):
@@ -166,10 +143,10 @@ class HtsSchedule(IntervalSchedule):
     def behaviour(self, k: int) -> int:
         return max(k - 1, 0)  # interval k ran on the weights trained on batches 0..k-2
 
-    def before_training(self, k: int) -> None:
+    def before(self, k: int, version: int) -> Boundary:
         if k > 0:
-            self.publish_trained(k)  # trained on batches 0..k-1: interval k+1's weights
-        self.learner.state.set_sync_ready(k + 1)
+            return self.published_after(k, version)  # trained on batches 0..k-1: interval k+1's weights
+        return Boundary(release=k + 1)
 
 
 class PpoSchedule(IntervalSchedule):
@@ -183,9 +160,8 @@ class PpoSchedule(IntervalSchedule):
     def behaviour(self, k: int) -> int:
         return k
 
-    def after_training(self, k: int) -> None:
-        self.publish_trained(k + 1)
-        self.learner.state.set_sync_ready(k + 1)
+    def after(self, k: int, version: int) -> Boundary:
+        return self.published_after(k + 1, version)
 
 
 # a RunMode's schedule (sf/cfg/mode.py) -> its class

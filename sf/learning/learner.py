@@ -1,8 +1,9 @@
 """Learner process (one per policy): batches -> APPO SGD steps -> weights published for the actors.
 
 Its batcher takes finished trajectories off the policy's queue and copies training batches out of shared memory
-(sf/learning/batcher.py); its batch schedule, chosen once from --sync_mode, says what a batch is, when the actors get
-new weights and how the process loop runs (sf/learning/batch_schedule.py: async, hts, ppo).
+(sf/learning/batcher.py). The learner owns its process loop (`run`); its batch schedule, chosen once from --sync_mode,
+answers at each batch boundary: what a batch is, when the actors get new weights, whether the budget ends the run
+(sf/learning/batch_schedule.py: async, hts, ppo).
 
 The learner owns the model and optimizer, so it also writes the checkpoints (periodic, best, final).
 
@@ -49,7 +50,7 @@ from sf.cfg.context import RunContext
 from sf.cfg.shape import RunShape
 from sf.learning import collectives
 from sf.learning.appo import APPO, cfg_hyperparams
-from sf.learning.batch_schedule import schedule_class
+from sf.learning.batch_schedule import Boundary, schedule_class
 from sf.learning.batcher import Batcher
 from sf.learning.checkpoint import (check_compatible, load_into, make_checkpoint_state, model_signature,
                                     restore_rng_states, weights_sha256)
@@ -57,12 +58,12 @@ from sf.learning.checkpoint_store import CheckpointManager
 from sf.learning.phase_timing import LAPS  # SF_PROFILE: phase times (benchmarks/profile_training.py)
 from sf.model.actor_critic import create_actor_critic, run_precision
 from sf.processes import ranks
-from sf.processes.control import usable_cores
+from sf.processes.control import runner_alive, usable_cores
 from sf.processes.pause_points import PAUSE_AT, pause
 from sf.processes.shared_state import (COPIES_HANDLED, COPIES_REQUESTED, ENV_STEPS, FINISHED, HYPERPARAMS, VERSION,
                                       learner_name, shared_hyperparams)
 from sf.processes.slot_ledger import SlotLedger
-from sf.seeding import MODEL, run_seed, stream_seed
+from sf.seeding import MODEL, deterministic_kernels, run_seed, stream_seed
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config
@@ -111,7 +112,9 @@ class Learner:
         self.shared_weights, self.state, self.device = shared_weights, shared_state, torch.device(device)
         name = learner_name(policy_id, shared_state.num_policies)
         self.heartbeat = shared_state.heartbeat_slot(name)
-        self.schedule = schedule_class(cfg)(self)  # (hts/ppo: deterministic kernels, before the model is made)
+        self.schedule = schedule_class(cfg)(self.shape)
+        if cfg.mode.deterministic:  # (before the model is made)
+            deterministic_kernels(self.device)
         torch.manual_seed(stream_seed(run_seed(cfg), MODEL, policy_id))  # initial weights
         self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device)
         run_precision(cfg, self.model, self.device, cfg.mode.deterministic)
@@ -140,6 +143,7 @@ class Learner:
         self.frames_per_traj = cfg.rollout * frameskip
         self.trajs_per_batch = self.shape.trajs_per_batch
         self.version, self.env_steps = 0, 0
+        self.budget_done = False  # the schedule ends the run at this batch boundary (hts/ppo: the budget reached)
         self.last_save = self.last_milestone = time.time()
         self.hyperparams = shared_hyperparams(cfg)
         self.copy_pending: tuple[int, float] | None = None  # PBT: (request number, time.monotonic() of its first try)
@@ -324,7 +328,20 @@ class Learner:
         if PAUSE_AT and self.batcher.batch_waiting():  # (tests: two batches out of shared memory)
             pause("learner_two_batches_out")
         # (data-parallel: nothing to copy; the gradients were averaged and the normalizers merged every rank's moments)
-        self.schedule.sgd_step(version)
+        if self.schedule.publishes_each_sgd_step:
+            self.publish(version)
+        else:  # the actors' weights change at batch boundaries only
+            self.version = version
+            self.state.beat(self.heartbeat)
+
+    def _cross(self, boundary: Boundary) -> None:
+        """Do what the schedule said at a batch boundary."""
+        if boundary.publish:
+            self.publish(self.version)
+        if boundary.release is not None:
+            self.state.set_sync_ready(boundary.release)
+        if boundary.collect:
+            self.state.batch_trained(self.policy_id)
 
     # --- training ---
     def collect(self, timeout: float):
@@ -337,7 +354,16 @@ class Learner:
         self.state.learner[self.policy_id, ENV_STEPS] = self.env_steps
 
     def train(self, experience) -> None:
-        self.schedule.train(experience)
+        """One training batch: the schedule's boundary before it, its SGD steps, the boundary after, the counters."""
+        schedule = self.schedule
+        if schedule.population_updates:
+            self.apply_population_updates()
+        self._cross(schedule.before_sgd(experience["policy_versions"], self.version))
+        stats = self.sgd(experience)
+        self._cross(schedule.after_sgd(stats, self.version))
+        self.trained(stats)
+        if schedule.ends_on_budget and self.env_steps >= self.cfg.train_for_env_steps:
+            self.budget_done = True  # end at this batch boundary, whoever notices first
 
     def sgd(self, experience) -> list:
         """The SGD steps of one training batch; their stats."""
@@ -357,7 +383,7 @@ class Learner:
 
     def run_once(self, timeout: float = 0.0) -> bool:
         """Serial mode: collect without a thread and train when a batch is complete."""
-        if self.schedule.budget_done:
+        if self.budget_done:
             return False
         experience = self.collect(timeout)
         if experience is None:
@@ -366,9 +392,37 @@ class Learner:
         return True
 
     def run(self) -> None:
-        """Process mode: the schedule's loop until the runner asks to stop (or hts/ppo: the budget is reached); then
-        the final save."""
-        self.schedule.run()
+        """Process mode: training batches until the runner asks to stop (or the schedule's budget is reached), then
+        the final save. The batch comes from the batcher's thread when the schedule overlaps copying with training
+        (async), else it is collected here. Data-parallel: the ranks agree at each batch boundary whether to go on."""
+        threaded = self.schedule.batcher_thread
+        if threaded:
+            self.batcher.start_thread()
+        self.state.set_started(self.heartbeat)
+        try:
+            while True:
+                stopping = self.state.stopping() or not runner_alive() or self.budget_done
+                if stopping and not self.data_parallel:
+                    break
+                self.state.beat(self.heartbeat)
+                if self.population:  # also while no batch comes: a copy is visible to the actors at once
+                    self.apply_population_updates()
+                experience = self.batcher.next_batch(timeout=0.1) if threaded else self.collect(timeout=0.1)
+                LAPS.lap("wait_batch")
+                if self.data_parallel:
+                    if experience is None and not stopping:
+                        continue
+                    if not self.ranks_go_on(stopping):  # every rank stops at this batch boundary
+                        break
+                if experience is not None:
+                    self.train(experience)
+        except collectives.DistributedError:
+            self.save(final=True)  # rank 0: the weights of the last step every rank made
+            raise
+        finally:
+            if threaded:
+                self.batcher.stop_thread()
+        self.finish()
 
     def ranks_go_on(self, stopping: bool) -> bool:
         """Data-parallel: before a training batch (or at a stop request), the ranks learn whether any of them stops,
