@@ -43,7 +43,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard cpp/ipc/*.cpp cpp/ipc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[doom,atari,dev,export,mujoco,pettingzoo]"
+	$(PY) -m pip install -q -e ".[doom,atari,dev,envpool,export,mujoco,pettingzoo]"
 	@# MuJoCo videos (enjoy.py --save_video) render headless through EGL: Mesa's software renderer needs no GPU
 	@{ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -qE 'libEGL_(mesa|nvidia)|libOSMesa' || \
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get update -qq && \

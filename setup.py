@@ -1,10 +1,10 @@
 """Build and install the `sf` training system, its env integrations and the C++ IPC queue.
 
-Plain setuptools: `pip install -e .[doom,atari,dev,export,mujoco,pettingzoo]` (what `make setup` installs) compiles
-cpp/ with the system's C++ compiler; `pip install .` or a wheel (`pip wheel --no-deps .`) hold the same: the packages
-sf and sf_envs, the compiled sf.ipc._cqueue, and the presets of configs/ as the package data `sf_configs`
-(sf/cfg/parse.py finds them there when installed, in configs/ in a
-clone). Entry points: `python -m sf.train`, `python -m sf.enjoy`, and the console scripts sf-train and sf-enjoy.
+Plain setuptools: `pip install -e .[doom,atari,dev,envpool,export,mujoco,pettingzoo]` (what `make setup` installs)
+compiles cpp/ with the system's C++ compiler; `pip install .` or a wheel (`pip wheel --no-deps .`) hold the same: the
+packages sf and sf_envs, the compiled sf.ipc._cqueue, and the presets of configs/ as the package data `sf_configs`
+(sf/cfg/parse.py finds them there when installed, in configs/ in a clone).
+Entry points: `python -m sf.train`, `python -m sf.enjoy`, and the console scripts sf-train and sf-enjoy.
 """
 from setuptools import Extension, find_packages, setup
 
@@ -47,6 +47,8 @@ setup(
         # gymnasium's MuJoCo envs (mujoco_*): its v5 envs need mujoco 2.3.3+; imageio is imported by their renderer
         "mujoco": ["mujoco>=2.3.3,<4", "imageio>=2.14.1"],
         "wandb": ["wandb>=0.17"],  # --with_wandb
+        # --env_engine envpool (atari_*): 1.2.5 is the last release for Python 3.11 (sf_envs/envpool)
+        "envpool": ["envpool>=1.2.5,<1.3"],
         "export": ["onnx>=1.15", "onnxruntime>=1.17"],  # python -m sf.export, examples/onnx_play.py
         # --env pettingzoo_<env>: PettingZoo (its registry: >= 1.27), mpe2 (the MPE envs), pymunk (butterfly)
         "pettingzoo": ["pettingzoo>=1.27", "mpe2>=1.1", "pymunk>=6.2", "pygame-ce>=2.3"],

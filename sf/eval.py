@@ -2,6 +2,7 @@
 its confidence interval per policy.
 
     python -m sf.eval train_dir/NAME --episodes 1000 [--num_workers N] [--num_envs_per_worker K] [--deterministic]
+                      [--env_engine native|envpool] [--env_agents A]
                       [--seed S] [--csv FILE] [--policy P] [--load_checkpoint_kind latest|best] [--device D]
     python -m sf.eval NAME --train_dir DIR --episodes 1000
 
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from sf.cfg import (ConfigError, OneLineArgumentParser, Param, RunError, optional_int, parse_cfg, run_guarded, str2bool,
                     verify)
-from sf.cfg.params import PARAMS
+from sf.cfg.params import all_params
 from sf.cfg.shape import RunShape
 from sf.cfg.validate import from_command_line
 from sf.export import add_experiment_arguments, experiment_env, experiment_path
@@ -57,7 +58,7 @@ from sf_envs.registry import env_spec
 
 COLUMNS = ("episode", "policy", "agent", "env_seed", "return", "length", "true_objective", "wall_time")
 CONFIDENCE = 0.95
-_TABLE = {p.name: p for p in PARAMS}
+_TABLE = {p.name: p for p in all_params()}
 # sf.eval's own flags, checked like the table's (one line naming the flag and the valid range)
 EPISODES = Param("episodes", int, None, "Episodes per policy that plays", min_value=1, max_value=10**9)
 POLICY = Param("policy", optional_int, None, "Evaluate only this policy of the population (it plays every agent)",
@@ -72,6 +73,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--episodes", required=True, help=f"{EPISODES.help}; range [1, 1e9]")
     parser.add_argument("--num_workers", help="rollout worker processes (default: the experiment's)")
     parser.add_argument("--num_envs_per_worker", help="envs per rollout worker (default: the experiment's)")
+    parser.add_argument("--env_engine", help="what steps the env: native or envpool (default: the experiment's; a "
+                        "policy trained on either engine plays on the other)")
+    parser.add_argument("--env_agents", help="--env_engine envpool: games per pool (default: the experiment's)")
     parser.add_argument("--deterministic", nargs="?", const="True", default="False", help=DETERMINISTIC.help)
     parser.add_argument("--seed", default="0", help=f"{SEED.help}; range [0, {2**32 - 1}] (default: 0)")
     parser.add_argument("--csv", help="the CSV to write (default: EXP/eval_<checkpoint>_seed<S>_<N>ep...csv)")
@@ -97,7 +101,8 @@ def resolve(args: argparse.Namespace, prog: str):
     if args.device is not None:
         argv += ["--device", args.device]
     layout = {name: from_command_line(_TABLE[name], getattr(args, name))  # training's flags: checked as train.py does
-              for name in ("num_workers", "num_envs_per_worker") if getattr(args, name) is not None}
+              for name in ("num_workers", "num_envs_per_worker", "env_engine", "env_agents")
+              if getattr(args, name) is not None}
     # the sampler alone: no learner, PBT, W&B, serial mode or self-healing (a replaced worker would replay episodes)
     cfg = parse_cfg(argv, mode="enjoy", prog=prog).replace(
         **layout, sync_mode="async", sampler_only=False, random_policy=False, serial_mode=False, with_pbt=False,

@@ -43,6 +43,11 @@ ENV_PARAMS: list[dict] = [
     # --- all families ---
     _p("env_frameskip", int, None, "Env frames per sample (action repeat); None: the family default "
        "(Doom 4, duel/deathmatch 2, Atari 4, DMLab 4, others 1)", min_value=1, max_value=64),
+    _p("env_engine", str, "native", "What steps the env: 'native' (this family's own integration) or 'envpool' "
+       "(EnvPool's C++ thread pool: atari_*; one pool of --env_agents games is one env of that many agents, so "
+       "--num_envs_per_worker counts pools; needs pip install envpool==1.2.5)", choices=("native", "envpool")),
+    _p("env_agents", int, 4, "--env_engine envpool: games per pool (Sample Factory's flag); a rollout worker runs "
+       "--num_envs_per_worker pools", min_value=1, max_value=4096),
     # --- VizDoom ---
     _p("doom_scenarios_dir", str, None, "Directory with the fetched Sample Factory Doom scenarios (battle, duel, ...); "
        "None: $SF_DOOM_SCENARIOS or <repo>/data/doom_scenarios in a clone, ~/.local/share/sf/doom_scenarios "

@@ -231,7 +231,29 @@ def env_spec(name: str, cfg=None) -> EnvSpec:
     fs = get_param(cfg, "env_frameskip") if cfg is not None else None
     if fs and spec.family in FAMILIES_WITH_FRAMESKIP and int(fs) != spec.frameskip:
         spec = replace(spec, frameskip=int(fs))
+    if cfg is not None and get_param(cfg, "env_engine") == "envpool":
+        spec = _envpool_spec(spec, cfg)
     return spec
+
+
+def _envpool_spec(spec: EnvSpec, cfg) -> EnvSpec:
+    """--env_engine envpool: the same env stepped by EnvPool (sf_envs/envpool), one pool of --env_agents games being
+    one env of that many agents."""
+    if spec.family != "atari" or spec.name in _USER:
+        raise EnvUnavailableError(f"--env_engine envpool: EnvPool steps the atari_* envs here, not {spec.name!r}; "
+                                  "use --env_engine native")
+    game = spec.name[len("atari_"):]
+
+    def factory(cfg, env_index=0, render_mode=None):
+        from sf_envs.envpool.atari import EnvPoolAtari
+        return EnvPoolAtari(game, cfg, env_index, render_mode)
+
+    def check(cfg):
+        from sf_envs.envpool.atari import check_envpool
+        check_envpool(game)
+
+    return replace(spec, num_agents=int(get_param(cfg, "env_agents")), factory=factory, check=check,
+                   description=f"{spec.description} on EnvPool, {get_param(cfg, 'env_agents')} games per pool")
 
 
 def register_env(name: str, factory: Callable, family: str = "custom", frameskip: int = 1,

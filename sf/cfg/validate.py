@@ -181,6 +181,19 @@ def scale_envs_per_worker(envs: int, workers: int, splits: int, cores: Optional[
     return max(splits, per_worker // splits * splits)
 
 
+def _verify_env_engine(cfg: Config) -> None:
+    """--env_engine other than native: it steps this env's family, or one line says which families it steps."""
+    try:  # (the env integrations are optional for the core library; without them there is no engine to pick)
+        from sf_envs.registry import env_spec
+    except ImportError:
+        return
+    if cfg.env_engine != "native":
+        try:
+            env_spec(cfg.env, cfg)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
 def verify(cfg: Config, mode: str = "train") -> None:
     """Check every value (type, range or choices) and the cross-parameter rules; raise ConfigError with a
     one-line message naming the flag. Checks only: creates and writes nothing."""
@@ -201,6 +214,7 @@ def verify(cfg: Config, mode: str = "train") -> None:
                           f"(got {cfg.num_workers} x {cfg.num_envs_per_worker} = {num_envs(cfg)})")
     if cfg.batch_size % cfg.rollout:
         raise ConfigError(f"--batch_size ({cfg.batch_size}) must be a multiple of --rollout ({cfg.rollout})")
+    _verify_env_engine(cfg)
     samples = cfg.batch_size * cfg.num_batches_per_epoch
     if samples > MAX_SAMPLES_PER_TRAINING_BATCH:
         raise ConfigError(f"--batch_size x --num_batches_per_epoch must be at most {MAX_SAMPLES_PER_TRAINING_BATCH} "

@@ -83,8 +83,9 @@ class Runner(ProcessHealth):
         self.world = world or ranks.World()
         add_leftover_hook(process_leftover_files)  # what the engines of killed workers leave in /dev/shm
         self.device = resolve_device(cfg)
-        self.spec = env_spec(cfg.env, cfg)
+        # (probe_env first: an env that cannot run here, or an engine that cannot step it, is its one-line error)
         self.obs_space, self.action_space, env_bytes, self.env_modules, self.shaping = probe_env(cfg)
+        self.spec = env_spec(cfg.env, cfg)
         self.num_policies = cfg.num_policies
         # the policies that play here (learners, policy workers): all, or this rank's (torchrun: p on rank p mod size)
         self.policies = self.world.policies(self.num_policies)
