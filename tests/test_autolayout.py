@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from sf.autolayout.__main__ import main
-from sf.autolayout.cache import cache_path
+from sf.autolayout.cache import cache_path, layout_key
 from sf.autolayout.measure import measure_envs, resolve_auto, synthetic_batch
 from sf.autolayout.model import LAYOUT_KEYS
 from sf.cfg import ConfigError, parse_cfg
@@ -40,6 +40,16 @@ def write_cache(path, **extra):
 def auto_cfg(tmp_path, *flags):
     return parse_cfg(["--env", "test_image", "--train_dir", str(tmp_path / "td"), "--num_workers", "auto", *flags],
                      auto_layout=resolve_auto)
+
+
+def test_each_engine_has_its_own_cached_layout(tmp_path):
+    """A pool of --env_agents games is one env: EnvPool's layout is cached apart from the ALE engine's, per pool size."""
+    def key(*flags):
+        return layout_key(parse_cfg(["--env", "atari_breakout", "--train_dir", str(tmp_path), *flags]))
+    assert key() == "atari_breakout"
+    assert key("--env_engine", "envpool") == "atari_breakout.envpool4"
+    assert key("--env_engine", "envpool", "--env_agents", "16") == "atari_breakout.envpool16"
+    assert len({cache_path(key()), cache_path(key("--env_engine", "envpool"))}) == 2
 
 
 def test_num_workers_auto_applies_the_cached_layout(tmp_path, cache):

@@ -53,7 +53,8 @@ does not see. --batch_size changes learning (SGD steps per sample, the gradient'
 
 Where the model is rough: it assumes the run has the machine to itself (other load slows every engine, so measured
 frames/s fall short of the prediction), one policy (--num_policies 1), and CPU costs measured one engine at a time;
-the check run shows how far off it is on this machine. The cache is per env and host: measure again after changing
+the check run shows how far off it is on this machine. The cache is per env (and engine: --env_engine envpool with its
+--env_agents is its own entry) and host: measure again after changing
 the model or the batch shape (python -m sf.autolayout overwrites it).
 """
 # The package: model.py (the cost model and the choice: arithmetic only), measure.py (measuring this machine, the

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 from sf import autolayout
-from sf.autolayout.cache import cache_path, save
+from sf.autolayout.cache import cache_path, layout_key, save
 from sf.autolayout.measure import measure, preset_layout, run_training
 from sf.autolayout.model import LAYOUT_KEYS, Layout, Measurements, choose, layout_flags, predict
 from sf.cfg import ConfigError, parse_cfg, run_guarded
@@ -98,7 +98,7 @@ def _main(argv: list[str]) -> int:
         print(f"measured: {check['frames_per_s']:,.0f} env frames/s (predicted {pred['frames_per_s']:,.0f}), average "
               f"policy lag {check['lag']:.1f} (predicted {pred['lag']:.1f}) over {check['reports']} steady reports"
               + ("" if check["reports"] >= 2 else " (too short a run for a steady figure: give more --minutes)"))
-    path = cache_path(cfg.env)
+    path = cache_path(layout_key(cfg))
     save(path, cfg, m, chosen, pred, preset, preset_pred, args.tune_batch_size, check)
     print(f"saved {path}: train.py --env {cfg.env} --num_workers auto uses this layout")
     return 0

@@ -28,9 +28,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sf" / "autolayout"
 
 
-def cache_path(env: str) -> Path:
+def layout_key(cfg: Config) -> str:
+    """What a cached layout was measured for: the env, and the engine stepping it when that is not the env's own
+    (--env_engine envpool: one pool of --env_agents games is one env, so its best layout is another's)."""
+    return cfg.env if cfg.env_engine == "native" else f"{cfg.env}.{cfg.env_engine}{cfg.env_agents}"
+
+
+def cache_path(key: str) -> Path:
+    """The cached layout of `key` (layout_key) on this host."""
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
-    return cache_dir() / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', env)}-{host}.json"
+    return cache_dir() / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}-{host}.json"
 
 
 def save(path: Path, cfg: Config, m: Measurements, chosen: Layout, pred: dict, preset: Layout, preset_pred: dict,
@@ -52,10 +59,11 @@ def _finite(x):
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def cached_layout(env: str, explicit=frozenset()) -> tuple[str, dict, str] | None:
-    """(the cache file, the layout values to apply, a description) from the cached file of `env`, or None when there
-    is none. Values given on the command line (`explicit`) are left out: they win."""
-    path = cache_path(env)
+def cached_layout(cfg: Config, explicit=frozenset()) -> tuple[str, dict, str] | None:
+    """(the cache file, the layout values to apply, a description) from the cached file of cfg's env (and engine:
+    layout_key), or None when there is none. Values given on the command line (`explicit`) are left out: they win."""
+    env = cfg.env
+    path = cache_path(layout_key(cfg))
     if not path.exists():
         return None
     data = read_json_object(path, str(path))

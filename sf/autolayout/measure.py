@@ -14,7 +14,7 @@ from queue import Empty
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from sf.autolayout.cache import cache_path, cached_layout, save
+from sf.autolayout.cache import cache_path, cached_layout, layout_key, save
 from sf.autolayout.model import LAYOUT_KEYS, Layout, Measurements, batch_sizes, choose, predict
 from sf.cfg import ConfigError, RunError, resolve_device
 from sf.processes.control import bind_device, usable_cores
@@ -397,7 +397,7 @@ def _measure_and_save(cfg: Config, seconds: float) -> None:
     m = measure(cfg, seconds, log=lambda s: None)
     preset = preset_layout(cfg)
     chosen, pred, _ = choose(m, preset)
-    save(cache_path(cfg.env), cfg, m, chosen, pred, preset, predict(preset, m), False, None)
+    save(cache_path(layout_key(cfg)), cfg, m, chosen, pred, preset, predict(preset, m), False, None)
 
 
 def _measure_child(cfg: Config, seconds: float, send) -> None:
@@ -414,10 +414,10 @@ def _measure_child(cfg: Config, seconds: float, send) -> None:
 def resolve_auto(cfg: Config, explicit=frozenset()) -> tuple[str, dict, str]:
     """`train.py --num_workers auto` (sf.cfg.parse_cfg's auto_layout): (source, values, the run log's line). The cached
     layout of cfg.env on this host; none cached: measured now (QUICK_SECONDS) and cached. Flags given win."""
-    found = cached_layout(cfg.env, explicit)
+    found = cached_layout(cfg, explicit)
     how = "the cached layout"
     if found is None:
-        print(f"--num_workers auto: no cached layout for {cfg.env} on this machine ({cache_path(cfg.env)}): "
+        print(f"--num_workers auto: no cached layout for {cfg.env} on this machine ({cache_path(layout_key(cfg))}): "
               f"measuring one now (about {QUICK_SECONDS:.0f} s; python -m sf.autolayout --env {cfg.env} measures "
               "longer and checks it with a training run)", file=sys.stderr, flush=True)
         t0 = time.time()
@@ -435,7 +435,7 @@ def resolve_auto(cfg: Config, explicit=frozenset()) -> tuple[str, dict, str]:
             kind, text = outcome
             raise (ConfigError if kind == "ConfigError" else RunError)(f"--num_workers auto: measuring the layout "
                                                                          f"failed: {text}")
-        found = cached_layout(cfg.env, explicit)
+        found = cached_layout(cfg, explicit)
         how = f"a layout measured now in {time.time() - t0:.0f} s"
     path, values, desc = found
     given = sorted(k for k in (*LAYOUT_KEYS, "batch_size") if k in explicit and k != "num_workers")
