@@ -19,7 +19,6 @@ windows of each run's reports and the frames between the first and last steady r
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import signal
 import statistics
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import header, table  # noqa: E402
-from sf_workloads import SITECUSTOMIZE, fmt, parse, ratio, run  # noqa: E402
+from sf_workloads import fmt, parse, ratio, run, sf_environment  # noqa: E402
 
 CONFIGS = ("ours_ale", "ours_envpool", "ours_envpool_8", "sf_envpool")
 
@@ -68,14 +67,11 @@ def main() -> None:
         ok = Path(args.sf_python).exists() and subprocess.run(
             [args.sf_python, "-c", "import envpool, sample_factory"], capture_output=True).returncode == 0
         if not ok:
-            print(f"--sf_python {args.sf_python}: needs sample-factory 2.1.1 and envpool (pip install "
-                  "envpool==1.2.5 there), or leave sf_envpool out of --configs", file=sys.stderr)
+            print(f"--sf_python {args.sf_python}: needs sample-factory 2.1.1 and EnvPool (pip install "
+                  "envpool==0.8.4 'shimmy<1' there), or leave sf_envpool out of --configs", file=sys.stderr)
             sys.exit(2)
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="envpool_atari_"))
-    (scratch / "sf" / "shim").mkdir(parents=True, exist_ok=True)
-    (scratch / "sf" / "shim" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    sf_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(scratch / "sf" / "shim"),
-                                                                       os.environ.get("PYTHONPATH")])))
+    sf_env = sf_environment(scratch)
     header(f"Atari on EnvPool: {args.env}, {args.seconds} s of training per run")
     print(f"scratch (logs, train dirs): {scratch}")
     for name in args.configs:

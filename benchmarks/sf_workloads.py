@@ -101,6 +101,14 @@ def workloads(args) -> dict[str, dict]:
     }
 
 
+def sf_environment(scratch: Path) -> dict:
+    """The environment of Sample Factory's runs: SITECUSTOMIZE first on their path (written to scratch/sf/shim)."""
+    (scratch / "sf" / "shim").mkdir(parents=True, exist_ok=True)
+    (scratch / "sf" / "shim" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(scratch / "sf" / "shim"),
+                                                                     os.environ.get("PYTHONPATH")])))
+
+
 def stop_session(proc: subprocess.Popen, grace: float = 60.0) -> None:
     """SIGINT the process group of `proc` (a run started in its own session) if it still runs, SIGKILL it after
     `grace` seconds; then every process left in the group (engines, workers) is killed, and what the session's
@@ -271,10 +279,7 @@ def main() -> None:
               file=sys.stderr)
         sys.exit(2)
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="sf_workloads_"))
-    (scratch / "sf" / "shim").mkdir(parents=True, exist_ok=True)
-    (scratch / "sf" / "shim" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    sf_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(scratch / "sf" / "shim"),
-                                                                       os.environ.get("PYTHONPATH")])))
+    sf_env = sf_environment(scratch)
     header("Sample Factory's workloads: this implementation and Sample Factory 2.1.1")
     print(f"scratch (logs, train dirs): {scratch}\n")
     specs = {name: dict(spec, ours_extra=spec["ours_extra"] + args.ours_extra)

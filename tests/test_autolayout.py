@@ -43,7 +43,7 @@ def auto_cfg(tmp_path, *flags):
 
 
 def test_each_engine_has_its_own_cached_layout(tmp_path):
-    """A pool of --env_agents games is one env: EnvPool's layout is cached apart from the ALE engine's, per pool size."""
+    """A pool of --env_agents games is one env: EnvPool's layout is cached apart from the ALE engine's."""
     def key(*flags):
         return layout_key(parse_cfg(["--env", "atari_breakout", "--train_dir", str(tmp_path), *flags]))
     assert key() == "atari_breakout"
