@@ -124,8 +124,10 @@ def resolve(args: argparse.Namespace, prog: str):
     group = shape.agents_per_group
     cfg = cfg.replace(_eval_plan=EvalPlan.make(num_agents, cfg.num_policies, episodes, policy),
                       sync_inference_chunk=max(1, -(-group // playing)))
+    # (an engine other than the env's own is in the name: the same checkpoint evaluated on both keeps both CSVs)
     name = (f"eval_{cfg.load_checkpoint_kind}_seed{cfg.seed}_{episodes}ep{'_argmax' if deterministic else ''}"
-            f"{'' if policy is None else f'_p{policy}'}.csv")
+            f"{'' if policy is None else f'_p{policy}'}{'' if cfg.env_engine == 'native' else f'_{cfg.env_engine}'}"
+            ".csv")
     path = Path(args.csv) if args.csv is not None else exp_dir / name
     check_csv_path(path, "--csv" if args.csv is not None else "the CSV")
     return cfg, path

@@ -169,9 +169,11 @@ def test_trained_on_envpool_survives_a_killed_worker_and_plays_on_both_engines(t
         return r.stdout + r.stderr
 
     for engine in ("envpool", "native"):
-        out = run("-m", "sf.eval", str(exp), "--episodes", "4", "--env_engine", engine, "--csv",
-                  str(tmp_path / f"{engine}.csv"))
+        out = run("-m", "sf.eval", str(exp), "--episodes", "4", "--env_engine", engine)
         assert "Policy 0: 4 episodes" in out, out
+    # the default CSV names the engine when it is not the env's own: both evaluations kept
+    assert sorted(p.name for p in exp.glob("eval_*.csv")) == ["eval_latest_seed0_4ep.csv",
+                                                               "eval_latest_seed0_4ep_envpool.csv"]
     out = run(str(ROOT / "enjoy.py"), "--env", "atari_breakout", "--experiment", "e2e", "--train_dir", str(tmp_path),
               "--max_num_episodes", "1", "--save_video", "--video_frames", "50")
     assert "Video: " in out and list(exp.glob("*.mp4")), out
