@@ -47,8 +47,8 @@ ENV_PARAMS: list[dict] = [
        "(EnvPool's C++ thread pool: atari_*; one pool of --env_agents games is one env of that many agents, so "
        "--num_envs_per_worker counts pools; needs pip install envpool==1.2.5)", choices=("native", "envpool")),
     _p("env_agents", int, 4, "--env_engine envpool: games per pool (Sample Factory's flag); a rollout worker runs "
-       "--num_envs_per_worker pools (at most 1,024: 1.6 MiB per game, and start-up grows with the pool)",
-       min_value=1, max_value=1024),
+       "--num_envs_per_worker pools (2 to 1,024: a pool is an env of several agents; 1.6 MiB per game, and start-up "
+       "grows with the pool)", min_value=2, max_value=1024),
     # --- VizDoom ---
     _p("doom_scenarios_dir", str, None, "Directory with the fetched Sample Factory Doom scenarios (battle, duel, ...); "
        "None: $SF_DOOM_SCENARIOS or <repo>/data/doom_scenarios in a clone, ~/.local/share/sf/doom_scenarios "

@@ -352,7 +352,7 @@ class Config:
     pip install envpool==1.2.5)"""
     env_agents: int = ...
     """--env_engine envpool: games per pool (Sample Factory's flag); a rollout worker runs --num_envs_per_worker
-    pools (at most 1,024: 1.6 MiB per game, and start-up grows with the pool)"""
+    pools (2 to 1,024: a pool is an env of several agents; 1.6 MiB per game, and start-up grows with the pool)"""
     doom_scenarios_dir: Optional[str] = ...
     """Directory with the fetched Sample Factory Doom scenarios (battle, duel, ...); None: $SF_DOOM_SCENARIOS or
     <repo>/data/doom_scenarios in a clone, ~/.local/share/sf/doom_scenarios installed (fill it: python -m
