@@ -11,10 +11,13 @@ publish that starts between an early re-check and the copy's execution would tea
 therefore wait for their copies (`_copy_from_shared` returns only when they are done) before the re-check.
 
 A learner killed while writing leaves `seq` odd: readers then keep the weights they have (they stop waiting after
-TORN_WAIT_SEC) until its replacement publishes, which first makes `seq` even again.
+TORN_WAIT_SEC) until its replacement publishes, which first makes `seq` even again. On a loaded machine a live learner
+can also be descheduled half-way through a publish for longer than that: a reader cannot tell the two apart, so a
+policy worker copies into a spare model and acts with it only once a copy came whole (ActingModels), never with a mix.
 """
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -139,3 +142,23 @@ class _StreamWait:
         landed = torch.cuda.Event()
         landed.record(self.stream)
         landed.synchronize()
+
+
+class ActingModels:
+    """A reader's two copies of one model: `active` acts while `spare` receives the next published version, and they
+    swap only when the copy came whole. A copy torn by a writer that stalled or died half-way (load_into's -1) stays
+    in the spare: the reader goes on acting with the whole version it had, and labels its actions with that version
+    (acting with a torn copy would label them -1: samples masked as older than --max_policy_lag, lag stats skewed)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.active = model
+        self.spare = copy.deepcopy(model)  # (its casts and attributes too: built like `model`)
+        self.version = -1  # the version `active` holds (-1: none yet)
+
+    def refresh(self, weights: SharedWeights) -> int:
+        """Take the newest whole version published in `weights`, if newer; returns the version `active` now holds."""
+        got = weights.load_into(self.spare, self.version)
+        if got > self.version:
+            self.active, self.spare = self.spare, self.active
+            self.version = got
+        return self.version

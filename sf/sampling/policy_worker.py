@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from sf.cfg.context import RunContext
+from sf.buffers.shared_weights import ActingModels
 from sf.cfg.shape import RunShape
 from sf.model.action_spaces import ACTION_MASK_KEY, uniform_valid_actions
 from sf.model.actor_critic import create_actor_critic, run_precision
@@ -70,10 +71,11 @@ class PolicyWorker:
         shape = shape or RunShape.of(cfg, env_slots.shape[1] // cfg.num_envs_per_worker)
         self.group_size = shape.agents_per_group
         self.random_policy = cfg.random_policy
-        self.model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
-        self.model.row_independent_heads = self.deterministic  # (the chunks' rows must not depend on each other's bits)
-        run_precision(cfg, self.model, self.device, deterministic=self.deterministic)
-        self.model.cast_for_inference()  # weights cast once per published version, not once per forward
+        model = create_actor_critic(cfg, obs_space, action_space).to(self.device).eval()
+        model.row_independent_heads = self.deterministic  # (the chunks' rows must not depend on each other's bits)
+        run_precision(cfg, model, self.device, deterministic=self.deterministic)
+        model.cast_for_inference()  # weights cast once per published version, not once per forward
+        self.acting = ActingModels(model)  # never acts with a copy a stalled or dead learner tore
         self.version = -1
         self.max_requests = shape.groups
         # async: wait briefly for one request per rollout worker this worker serves (see run_once); the sync modes'
@@ -115,12 +117,17 @@ class PolicyWorker:
                                       (b.rnn_states, 0.0)):  # (every policy worker writes the same values)
                     tensor.fill_(value)
 
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model that acts: the newest version that came whole (ActingModels)."""
+        return self.acting.active
+
     def wait_for_weights(self, stopping, beat=lambda: None) -> None:
         """Block until the learner published its first weights (after loading a checkpoint, say); `beat()` while
         waiting tells the runner's watchdog that this worker is alive (a stuck learner is the learner's stall)."""
         while self.version < 0 and not stopping():
             beat()
-            self.version = self.shared_weights.load_into(self.model, self.version)
+            self.version = self.acting.refresh(self.shared_weights)
             if self.version < 0:
                 time.sleep(0.01)
 
@@ -161,7 +168,7 @@ class PolicyWorker:
             req, groups = req[live], groups[live]
             if len(req) == 0:
                 return 0
-        self.version = self.shared_weights.load_into(self.model, self.version)
+        self.version = self.acting.refresh(self.shared_weights)
         rows = self.group_slots[req[:, 0] * self.splits + groups]  # [R, G, (slot, t[, policy])]
         rows = rows.reshape(-1, rows.shape[-1])
         if self.population:  # the agents of these groups this policy plays

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sf.buffers.shared_weights as shared_weights
-from sf.buffers.shared_weights import SharedWeights
+from sf.buffers.shared_weights import ActingModels, SharedWeights
 
 
 def _model(value: float) -> torch.nn.Module:
@@ -98,6 +98,41 @@ def test_a_copy_torn_by_a_writer_that_then_died_is_not_reported_as_the_old_versi
     weights.publish(writer_model, 3)  # the replacement learner publishes: whole again
     assert weights.load_into(reader, -1) == 3
     assert all(bool((p == 1.0).all()) for p in reader.parameters())
+
+
+def test_a_policy_worker_never_acts_with_a_torn_copy(monkeypatch):
+    """The same tear seen by a policy worker (ActingModels): a live learner descheduled half-way through publishing
+    version 2 for longer than TORN_WAIT_SEC looks like a dead one. The worker goes on acting with version 1, whole, and
+    labels its actions 1 (not -1: samples masked as too old); the learner's next publish swaps the models."""
+    monkeypatch.setattr(shared_weights, "TORN_WAIT_SEC", 0.01)
+    writer_model = _model(1.0)
+    weights = SharedWeights(writer_model)
+    weights.publish(writer_model, 1)
+    acting = ActingModels(_model(0.0))
+    assert acting.refresh(weights) == 1 and all(bool((p == 1.0).all()) for p in acting.active.parameters())
+    real_copy = weights._copy_from_shared
+
+    def copy_then_writer_stalls(model):
+        real_copy(model)
+        with torch.no_grad():  # version 2 begins (seq odd), one tensor written, then the writer is descheduled
+            weights.counters[0] += 1
+            weights.counters[1] = 2
+            next(iter(weights.tensors.values())).fill_(2.0)
+
+    with torch.no_grad():
+        writer_model[0].weight.fill_(2.0)
+    weights.publish(writer_model, 2)  # a version the reader has not taken: its copy is the one torn
+    monkeypatch.setattr(weights, "_copy_from_shared", copy_then_writer_stalls)
+    assert acting.refresh(weights) == 1
+    assert all(bool((p == 1.0).all()) for p in acting.active.parameters()), "acted with a torn copy"
+    monkeypatch.setattr(weights, "_copy_from_shared", real_copy)
+    with torch.no_grad():
+        for p in writer_model.parameters():
+            p.fill_(3.0)
+    weights.publish(writer_model, 3)  # the writer runs again and finishes a publish
+    assert acting.refresh(weights) == 3 and all(bool((p == 3.0).all()) for p in acting.active.parameters())
+    assert acting.refresh(weights) == 3  # nothing newer: no copy, no swap
+    assert all(bool((p == 3.0).all()) for p in acting.active.parameters())
 
 
 class _ManyEntries(torch.nn.Module):
