@@ -49,6 +49,7 @@ from sf.seeding import MINIBATCH, run_seed, stream_seed
 
 if TYPE_CHECKING:
     from sf.cfg.config import Config
+    from sf.cfg.shape import RunShape
 
 OPTIMIZER_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "adam_beta1", "adam_beta2", "adam_eps")
 LOSS_KEYS = ("loss", "policy_loss", "value_loss", "exploration_loss", "kl_loss", "entropy", "kl_divergence",
@@ -75,12 +76,14 @@ def cfg_hyperparams(cfg: Config) -> dict[str, float]:
 
 class APPO:
     def __init__(self, model: torch.nn.Module, cfg: Config, device, policy_id: int = 0,
-                 grad_hook: Optional[Callable[[], None]] = None, frames_per_sample: float = 1.0):
+                 grad_hook: Optional[Callable[[], None]] = None, frames_per_sample: float = 1.0,
+                 shape: Optional[RunShape] = None):
         """`grad_hook()`: called after every backward, before gradient clipping and the optimizer step (e.g.
         sf.learning.collectives.GradientAllReduce: data-parallel learners average their gradients there; the KL-adaptive
         learning rate then follows the KL of all ranks' minibatches, so that every rank keeps the same rate).
         frames_per_sample: env frames one sample stands for in the run's progress (frameskip x data-parallel ranks):
-        how far an SGD step moves the linear decay of the learning rate."""
+        how far an SGD step moves the linear decay of the learning rate. shape: the run's sizes (hts/ppo: the
+        training batch's samples, every agent's, make the SGD steps per epoch); None: a single-agent env's."""
         self.model, self.cfg, self.device = model, cfg, torch.device(device)
         self.grad_hook = grad_hook
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -94,7 +97,7 @@ class APPO:
         if problem:
             raise ValueError(problem)
         self.set_hyperparams(**cfg_hyperparams(cfg))
-        self.num_minibatches = cfg.mode.minibatches(cfg)
+        self.num_minibatches = cfg.mode.minibatches(cfg, shape)  # (shape None: a single-agent env's)
         self.max_policy_lag = cfg.max_policy_lag if cfg.mode.lag_bounded else float("inf")
         # the minibatch order's generator lives on the host whatever the device: its state (a CPU generator's 5,056
         # bytes) goes into checkpoints, and a run resumes on either device (a CUDA generator's 16-byte state fits only

@@ -132,7 +132,8 @@ class Learner:
             collectives.share_normalizer_statistics(self.model)  # the union batch's statistics on every rank
         self.grad_allreduce = grad_hook  # (its time, reported at the end: what the ranks' lockstep costs)
         self.appo = APPO(self.model, cfg, self.device, policy_id=policy_id, grad_hook=grad_hook,
-                         frames_per_sample=frameskip * self.ranks_training)  # (the run's frames: linear decay)
+                         frames_per_sample=frameskip * self.ranks_training,  # (the run's frames: linear decay)
+                         shape=self.shape)
         self.meta = checkpoint_meta(cfg, obs_space, action_space, self.model)
         self.checkpoints = CheckpointManager(exp_dir, policy_id=policy_id, keep_checkpoints=cfg.keep_checkpoints,
                                              save_best_metric=cfg.save_best_metric,

@@ -35,7 +35,7 @@ def log_layout(runner) -> None:
                     "and the run ends when every policy has trained --train_for_env_steps", here, playing, here,
                     cfg.policy_resample_episodes)
     mode = cfg.mode.line.format(batch=runner.shape.samples_per_batch,
-                                steps=cfg.mode.minibatches(cfg) * cfg.num_epochs)
+                                steps=cfg.mode.minibatches(cfg, runner.shape) * cfg.num_epochs)
     log.info("Mode: %s", mode)
     if runner.stats.enabled:
         runner.stats.writer.add_text("config/mode", mode)

@@ -10,6 +10,7 @@ import pytest
 
 from sf.cfg import ConfigError, default_cfg
 from sf.cfg.mode import EVALUATION, MODES, RunMode
+from sf.cfg.shape import RunShape
 from sf.learning.batch_schedule import SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,10 @@ def test_minibatches_follow_the_mode():
     assert cfg.mode.minibatches(cfg) == 3  # async: --num_batches_per_epoch
     hts = cfg.replace(sync_mode="hts")
     assert hts.mode.minibatches(hts) == 2  # one rollout of every env (8 x 32) in batches of 128
+    # an env of 8 agents (an EnvPool pool, a multi-agent env): one rollout of every agent, 8 x 8 x 32 samples (the
+    # env count alone made 2 steps of 1,024 samples out of a batch of 2,048)
+    assert hts.mode.minibatches(hts, RunShape.of(hts, agents_per_env=8)) == 16
+    assert hts.mode.minibatches(hts, RunShape.of(hts, agents_per_env=1)) == 2
 
 
 def test_resolved_once_per_configuration_and_carried_by_pickle():
