@@ -44,11 +44,12 @@ ENV_PARAMS: list[dict] = [
     _p("env_frameskip", int, None, "Env frames per sample (action repeat); None: the family default "
        "(Doom 4, duel/deathmatch 2, Atari 4, DMLab 4, others 1)", min_value=1, max_value=64),
     _p("env_engine", str, "native", "What steps the env: 'native' (this family's own integration) or 'envpool' "
-       "(EnvPool's C++ thread pool: atari_*; one pool of --env_agents games is one env of that many agents, so "
-       "--num_envs_per_worker counts pools; needs pip install envpool==1.2.5)", choices=("native", "envpool")),
-    _p("env_agents", int, 4, "--env_engine envpool: games per pool (Sample Factory's flag); a rollout worker runs "
-       "--num_envs_per_worker pools (2 to 1,024: a pool is an env of several agents; 1.6 MiB per game, and start-up "
-       "grows with the pool)", min_value=2, max_value=1024),
+       "(EnvPool's C++ thread pool: atari_* and mujoco_*; one pool of --env_agents envs is one env of that many "
+       "agents, so --num_envs_per_worker counts pools; needs pip install envpool==1.2.5)",
+       choices=("native", "envpool")),
+    _p("env_agents", int, 4, "--env_engine envpool: envs (games) per pool (Sample Factory's flag); a rollout "
+       "worker runs --num_envs_per_worker pools (2 to 1,024: a pool is an env of several agents; 1.6 MiB per Atari "
+       "game, and start-up grows with the pool)", min_value=2, max_value=1024),
     # --- VizDoom ---
     _p("doom_scenarios_dir", str, None, "Directory with the fetched Sample Factory Doom scenarios (battle, duel, ...); "
        "None: $SF_DOOM_SCENARIOS or <repo>/data/doom_scenarios in a clone, ~/.local/share/sf/doom_scenarios "

@@ -41,6 +41,8 @@ __all__ = ["UnknownEnvError", "EnvUnavailableError", "env_spec", "env_names", "m
            "unregister_env", "check_env_available", "process_leftover_files", "register_leftover_files"]
 
 FAMILIES_WITH_FRAMESKIP = tuple(f.name for f in FAMILIES if f.frameskip)
+# --env_engine envpool: the families it steps, and what a pool holds
+ENVPOOL_FAMILIES = {"atari": "games", "mujoco": "envs"}
 
 
 _USER: dict[str, EnvSpec] = {}
@@ -237,23 +239,31 @@ def env_spec(name: str, cfg=None) -> EnvSpec:
 
 
 def _envpool_spec(spec: EnvSpec, cfg) -> EnvSpec:
-    """--env_engine envpool: the same env stepped by EnvPool (sf_envs/envpool), one pool of --env_agents games being
-    one env of that many agents."""
-    if spec.family != "atari" or spec.name in _USER:
-        raise EnvUnavailableError(f"--env_engine envpool: EnvPool steps the atari_* envs here, not {spec.name!r}; "
-                                  "use --env_engine native")
-    game = spec.name[len("atari_"):]
+    """--env_engine envpool: the same env stepped by EnvPool (sf_envs/envpool), one pool of --env_agents envs being
+    one env of that many agents (atari_* and mujoco_*)."""
+    if spec.family not in ENVPOOL_FAMILIES or spec.name in _USER:
+        raise EnvUnavailableError(f"--env_engine envpool: EnvPool steps the atari_* and mujoco_* envs here, not "
+                                  f"{spec.name!r}; use --env_engine native")
+    name = spec.name
 
     def factory(cfg, env_index=0, render_mode=None):
-        from sf_envs.envpool.atari import EnvPoolAtari
-        return EnvPoolAtari(game, cfg, env_index, render_mode)
+        if spec.family == "atari":
+            from sf_envs.envpool.atari import EnvPoolAtari
+            return EnvPoolAtari(name[len("atari_"):], cfg, env_index, render_mode)
+        from sf_envs.envpool.mujoco import EnvPoolMujoco
+        return EnvPoolMujoco(name, cfg, env_index, render_mode)
 
     def check(cfg):
-        from sf_envs.envpool.atari import check_envpool
-        check_envpool(game)
+        if spec.family == "atari":
+            from sf_envs.envpool.atari import check_envpool_atari
+            check_envpool_atari(name[len("atari_"):])
+        else:
+            from sf_envs.envpool.mujoco import check_envpool_mujoco
+            check_envpool_mujoco(name)
 
-    return replace(spec, num_agents=int(get_param(cfg, "env_agents")), factory=factory, check=check,
-                   description=f"{spec.description} on EnvPool, {get_param(cfg, 'env_agents')} games per pool")
+    agents = int(get_param(cfg, "env_agents"))
+    return replace(spec, num_agents=agents, factory=factory, check=check,
+                   description=f"{spec.description} on EnvPool, {agents} {ENVPOOL_FAMILIES[spec.family]} per pool")
 
 
 def register_env(name: str, factory: Callable, family: str = "custom", frameskip: int = 1,

@@ -347,12 +347,13 @@ class Config:
     """Env frames per sample (action repeat); None: the family default (Doom 4, duel/deathmatch 2, Atari 4, DMLab 4,
     others 1)"""
     env_engine: str = ...
-    """What steps the env: 'native' (this family's own integration) or 'envpool' (EnvPool's C++ thread pool: atari_*;
-    one pool of --env_agents games is one env of that many agents, so --num_envs_per_worker counts pools; needs
-    pip install envpool==1.2.5)"""
+    """What steps the env: 'native' (this family's own integration) or 'envpool' (EnvPool's C++ thread pool: atari_*
+    and mujoco_*; one pool of --env_agents envs is one env of that many agents, so --num_envs_per_worker counts
+    pools; needs pip install envpool==1.2.5)"""
     env_agents: int = ...
-    """--env_engine envpool: games per pool (Sample Factory's flag); a rollout worker runs --num_envs_per_worker
-    pools (2 to 1,024: a pool is an env of several agents; 1.6 MiB per game, and start-up grows with the pool)"""
+    """--env_engine envpool: envs (games) per pool (Sample Factory's flag); a rollout worker runs
+    --num_envs_per_worker pools (2 to 1,024: a pool is an env of several agents; 1.6 MiB per Atari game, and
+    start-up grows with the pool)"""
     doom_scenarios_dir: Optional[str] = ...
     """Directory with the fetched Sample Factory Doom scenarios (battle, duel, ...); None: $SF_DOOM_SCENARIOS or
     <repo>/data/doom_scenarios in a clone, ~/.local/share/sf/doom_scenarios installed (fill it: python -m

@@ -20,13 +20,10 @@ from typing import Optional
 import gymnasium as gym
 import numpy as np
 
+from sf_envs.envpool.pool import check_envpool, pool_seed
 from sf_envs.episode_stats import episode_report
-from sf_envs.errors import EnvUnavailableError
 from sf_envs.params import get_param
-from sf_envs.utils import cfg_seed, derive_seed
 
-ENVPOOL_VERSION = "1.2.5"  # the last release for Python 3.11 (setup.py's extra "envpool")
-INSTALL = f"pip install envpool=={ENVPOOL_VERSION} (or pip install -e .[envpool])"
 OBS_SIZE = 84
 
 
@@ -35,15 +32,9 @@ def envpool_task(game: str) -> str:
     return "".join(part.capitalize() for part in game.split("_")) + "-v5"
 
 
-def check_envpool(game: str) -> None:
+def check_envpool_atari(game: str) -> None:
     """EnvUnavailableError (one line) when EnvPool is missing or has no such game."""
-    try:
-        import envpool
-    except ImportError:
-        raise EnvUnavailableError(f"--env_engine envpool needs EnvPool: {INSTALL}") from None
-    if envpool_task(game) not in envpool.list_all_envs():
-        raise EnvUnavailableError(f"--env_engine envpool: EnvPool {envpool.__version__} has no {envpool_task(game)} "
-                                  f"(atari_{game}); use --env_engine native")
+    check_envpool(envpool_task(game), f"atari_{game}")
 
 
 class EnvPoolAtari(gym.Env):
@@ -51,7 +42,7 @@ class EnvPoolAtari(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 60}
 
     def __init__(self, game: str, cfg=None, env_index: int = 0, render_mode: Optional[str] = None):
-        check_envpool(game)
+        check_envpool_atari(game)
         import envpool
 
         self.game, self.render_mode = game, render_mode
@@ -59,14 +50,11 @@ class EnvPoolAtari(gym.Env):
         self.is_multiagent = True
         fs = get_param(cfg, "env_frameskip")
         self.frameskip = int(fs) if fs else 4
-        seed = derive_seed(cfg_seed(cfg), env_index)
-        if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1)[0])
         stack = int(get_param(cfg, "atari_framestack"))
         self.pool = envpool.make(
             envpool_task(game), env_type="gymnasium", num_envs=n, batch_size=n,
             num_threads=1,  # a rollout worker is one core; its pool steps its games one after the other
-            seed=int(seed) % 2**31,  # (game i: seed + i)
+            seed=pool_seed(cfg, env_index),  # (game i: seed + i)
             frame_skip=self.frameskip, stack_num=stack, img_height=OBS_SIZE, img_width=OBS_SIZE, gray_scale=True,
             use_inter_area_resize=True,
             noop_max=max(1, int(get_param(cfg, "atari_noop_max"))),  # (EnvPool's noop range needs one at least)

@@ -40,6 +40,37 @@ def check_contract(env, steps=30):
             obs, _ = env.reset()
 
 
+def episode_reports(env, episodes: int, actions, seed: int = 0) -> list[dict]:
+    """The info["episode"] reports of the first `episodes` episodes `env` ends under `actions(rng)` (a generator
+    seeded with `seed`): a multi-agent env (an EnvPool pool) is given one action per agent and reports each agent's,
+    a single-agent env is reset at each episode end. Closes the env."""
+    rng = np.random.default_rng(seed)
+    env.reset()
+    reports: list[dict] = []
+    while len(reports) < episodes:
+        _, _, terminated, truncated, infos = env.step(actions(rng))
+        if getattr(env, "is_multiagent", False):
+            reports += [i["episode"] for i in infos if "episode" in i]
+            continue
+        if "episode" in infos:
+            reports.append(infos["episode"])
+        if terminated or truncated:
+            env.reset()
+    env.close()
+    return reports[:episodes]
+
+
+def pool_trace(env, steps: int, actions) -> np.ndarray:
+    """[steps+1, agents, *obs_shape] observations of a multi-agent env (an EnvPool pool) under `actions(rng)` (one per
+    agent) from a generator seeded with 0. Closes the env."""
+    rng = np.random.default_rng(0)
+    out = [np.stack([o["obs"] for o in env.reset()[0]])]
+    for _ in range(steps):
+        out.append(np.stack([o["obs"] for o in env.step(actions(rng))[0]]))
+    env.close()
+    return np.stack(out)
+
+
 def observation_trace(env, steps: int, stop_at_episode_end: bool) -> np.ndarray:
     """[steps+1 (or fewer), *obs_shape] frames of `env` under random actions from an action space seeded with 0;
     at an episode end it stops or resets. Closes the env."""

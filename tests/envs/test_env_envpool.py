@@ -14,8 +14,9 @@ import pytest
 pytest.importorskip("ale_py", reason="ale-py is not installed (pip install ale-py)")
 pytest.importorskip("envpool", reason="EnvPool is not installed (pip install -e .[envpool])")
 
+from env_test_helpers import episode_reports, pool_trace  # noqa: E402
 from sf_envs.atari.atari_env import AtariEnv  # noqa: E402
-from sf_envs.envpool.atari import EnvPoolAtari, check_envpool  # noqa: E402
+from sf_envs.envpool.atari import EnvPoolAtari, check_envpool_atari  # noqa: E402
 from sf_envs.errors import EnvUnavailableError  # noqa: E402
 from sf_envs.params import env_cfg  # noqa: E402
 from sf_envs.registry import env_spec, make_env  # noqa: E402
@@ -27,40 +28,12 @@ def pool_cfg(name="atari_breakout", agents=4, seed=1, **kw):
     return env_cfg(name, seed=seed, env_engine="envpool", env_agents=agents, **kw)
 
 
-def games_on_envpool(cfg, games: int, seed: int) -> list[dict]:
-    """The reports of the first `games` games a seeded random policy finishes on one pool."""
-    env = make_env(cfg)
-    rng = np.random.default_rng(seed)
-    env.reset()
-    reports: list[dict] = []
-    while len(reports) < games:
-        _, _, _, _, infos = env.step(rng.integers(0, env.action_space.n, size=env.num_agents))
-        reports += [i["episode"] for i in infos if "episode" in i]
-    env.close()
-    return reports[:games]
-
-
-def games_on_ale(cfg, games: int, seed: int) -> list[dict]:
-    env = make_env(cfg)
-    rng = np.random.default_rng(seed)
-    env.reset()
-    reports: list[dict] = []
-    while len(reports) < games:
-        _, _, terminated, truncated, info = env.step(int(rng.integers(0, env.action_space.n)))
-        if "episode" in info:
-            reports.append(info["episode"])
-        if terminated or truncated:
-            env.reset()
-    env.close()
-    return reports
-
-
 def test_the_same_game_on_both_engines_under_a_random_policy():
     """Breakout, 60 games a side: the mean full-game return and length agree within 4 standard errors (the engines
     differ only where docs/envs.md's table says: no-op starts, the restart after a lost life)."""
     n = 60
-    pool = games_on_envpool(pool_cfg(agents=8), n, seed=0)
-    ale = games_on_ale(env_cfg("atari_breakout", seed=1), n, seed=0)
+    pool = episode_reports(make_env(pool_cfg(agents=8)), n, lambda rng: rng.integers(0, 4, size=8))
+    ale = episode_reports(make_env(env_cfg("atari_breakout", seed=1)), n, lambda rng: int(rng.integers(0, 4)))
     for key in ("reward", "length"):
         a, b = np.array([g[key] for g in pool]), np.array([g[key] for g in ale])
         se = np.sqrt(a.var(ddof=1) / n + b.var(ddof=1) / n)
@@ -97,13 +70,7 @@ def test_spaces_and_the_multiagent_contract():
 def test_a_seed_repeats_its_games_and_another_env_index_plays_others():
     def trace(index: int) -> np.ndarray:
         env = EnvPoolAtari("breakout", pool_cfg(agents=2, seed=7), env_index=index)
-        rng = np.random.default_rng(0)
-        frames = [np.stack([o["obs"] for o in env.reset()[0]])]
-        for _ in range(200):
-            obs = env.step(rng.integers(0, 4, size=2))[0]
-            frames.append(np.stack([o["obs"] for o in obs]))
-        env.close()
-        return np.stack(frames)
+        return pool_trace(env, 200, lambda rng: rng.integers(0, 4, size=2))
 
     a = trace(0)
     assert np.array_equal(a, trace(0))
@@ -126,11 +93,11 @@ def test_a_truncated_game_keeps_its_final_frame_and_reports_the_game():
 
 
 def test_one_line_errors(monkeypatch):
-    with pytest.raises(EnvUnavailableError, match=r"EnvPool steps the atari_\* envs here, not 'mujoco_hopper'"):
-        env_spec("mujoco_hopper", pool_cfg("mujoco_hopper"))
+    with pytest.raises(EnvUnavailableError, match=r"steps the atari_\* and mujoco_\* envs here, not 'doom_basic'"):
+        env_spec("doom_basic", pool_cfg("doom_basic"))
     monkeypatch.setitem(sys.modules, "envpool", None)  # as if it were not installed
     with pytest.raises(EnvUnavailableError, match=r"needs EnvPool: pip install envpool==1\.2\.5"):
-        check_envpool("breakout")
+        check_envpool_atari("breakout")
 
 
 @pytest.mark.e2e
