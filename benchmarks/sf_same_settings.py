@@ -105,13 +105,24 @@ def translate(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[list[str], 
     # rollout of every env), whatever --num_batches_per_epoch says; Sample Factory's sync mode takes them from
     # --num_batches_per_epoch, and refuses to start unless those minibatches make up whole rollouts
     ours = dict(ours, num_batches_per_epoch=MODES[ours["sync_mode"]].minibatches(SimpleNamespace(**ours)))
+    # What a minibatch is made of. Ours: whole trajectories (--rollout steps), drawn at random with
+    # --shuffle_minibatches, or single samples of the whole batch with --sample_minibatches. Sample Factory's:
+    # mini-trajectories of --recurrence steps drawn at random with --shuffle_minibatches, in order without; its
+    # recurrence is 1 without an RNN, so a feed-forward run of ours (MuJoCo's) gets whole trajectories there only
+    # with its --recurrence at our rollout (without, it trained on single samples: another algorithm at "the same
+    # settings"), and a --sample_minibatches run gets single samples only with its shuffle on
+    composition = "sample_minibatches" in ours and not ours.get("use_rnn", True)
+    if composition and not ours["sample_minibatches"] and ours.get("shuffle_minibatches"):
+        ours = dict(ours, recurrence=ours["rollout"])
+    elif composition and ours["sample_minibatches"]:
+        ours = dict(ours, shuffle_minibatches=True, recurrence=1)
     alias_of = {f.name: f.target for f in SF_FLAGS if f.kind == "alias" and f.value is None}
     family = next((p for p in FAMILY_PREFIXES if ours["env"].startswith(p)), "-")
     other_family = lambda k: k.startswith(FAMILY_PREFIXES) and not k.startswith(family)  # noqa: E731
     # --sync_mode async is Sample Factory's --async_rl True; ppo its False (its alias maps values: spelled out here)
     flags = [] if (ours["sync_mode"] == "async") == bool(theirs["async_rl"]) else \
         [f"--async_rl={ours['sync_mode'] == 'async'}"]
-    covered = {"sync_mode"}
+    covered = {"sync_mode", *(["sample_minibatches"] if composition else [])}
     choices = theirs.get(CHOICES, {})
     for name, default in theirs.items():
         key = name if name in ours else alias_of.get(name)

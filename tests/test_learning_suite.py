@@ -115,6 +115,26 @@ def test_same_settings_give_sample_factory_our_values_where_they_differ():
     assert _sf_same_settings().translate(ppo, {"async_rl": True})[0] == ["--async_rl=False"]
 
 
+def test_same_settings_give_sample_factory_our_minibatch_composition():
+    """A feed-forward run of ours trains on minibatches of whole trajectories (random ones with shuffle); Sample
+    Factory's are mini-trajectories of --recurrence steps, 1 without an RNN: single samples. The translation gives it
+    our rollout as its recurrence, and a --sample_minibatches run of ours its single samples, shuffled."""
+    from sf.cfg.parse import parse_cfg
+    theirs = {"async_rl": False, "recurrence": 1, "shuffle_minibatches": False, "num_batches_per_epoch": 16,
+              "batch_size": 128}
+    whole = parse_cfg(["--env", "mujoco_swimmer", "--num_workers", "2"]).as_dict()
+    assert not whole["use_rnn"] and not whole["sample_minibatches"] and whole["shuffle_minibatches"]
+    flags, untranslated = _sf_same_settings().translate(whole, theirs)
+    assert f"--recurrence={whole['rollout']}" in flags and "--shuffle_minibatches=True" in flags, flags
+    assert "sample_minibatches" not in untranslated
+    samples = parse_cfg(["--env", "mujoco_swimmer", "--num_workers", "2", "--sample_minibatches", "True"]).as_dict()
+    flags, _ = _sf_same_settings().translate(samples, theirs)
+    assert "--shuffle_minibatches=True" in flags and not any(f.startswith("--recurrence") for f in flags), flags
+    in_order = dict(whole, shuffle_minibatches=False)  # whole trajectories in order: its slices of the batch
+    assert not any(f.startswith(("--recurrence", "--shuffle")) for f in _sf_same_settings().translate(in_order,
+                                                                                                      theirs)[0])
+
+
 def test_same_settings_of_a_ppo_run_give_sample_factorys_sync_mode_whole_rollouts():
     """ppo mode (MuJoCo's): our SGD steps per epoch are one per --batch_size samples of the batch, whatever
     --num_batches_per_epoch says; Sample Factory's sync mode reads them from --num_batches_per_epoch and refuses to
