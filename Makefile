@@ -28,13 +28,14 @@ setup-slurm:
 
 # Sample Factory 2.1.1 in a venv of its own: the reference that tests/test_import_sf.py checks imported experiments
 # against (not a dependency of the package; those tests skip, saying why, without it). A failure (offline, say) is a
-# warning and leaves no half-made venv; the rest of the set-up stands.
+# warning and leaves no half-made venv; the rest of the set-up stands. MuJoCo 2: gymnasium 0.29's v4 models (Swimmer's
+# `collision` attribute) do not load in MuJoCo 3, so its trainer could not run mujoco_swimmer for the learning suite.
 setup-sf: $(SF_STAMP)
 
 $(SF_STAMP):
 	@new=; test -x $(SF_PY) || { $(PYTHON) -m venv $(SF_VENV) && new=1; }; \
 	if { $(SF_PY) -c "import torch" 2>/dev/null || $(SF_PY) -m pip install -q torch==2.13.0; } && \
-	   $(SF_PY) -m pip install -q sample-factory==2.1.1 "numpy<2" "gymnasium<1.0" vizdoom ale-py mujoco imageio; then touch $@; \
+	   $(SF_PY) -m pip install -q sample-factory==2.1.1 "numpy<2" "gymnasium<1.0" vizdoom ale-py "mujoco<3" imageio; then touch $@; \
 	else [ -z "$$new" ] || rm -rf $(SF_VENV); \
 	  echo "warning: $(SF_VENV) (Sample Factory 2.1.1, tests/test_import_sf.py's reference) not set up; they skip"; fi
 
