@@ -8,17 +8,23 @@ Configurations (each: --num_workers 2 --device cpu --seed S, training --seconds 
   ours_envpool_8  --env_engine envpool --num_envs_per_worker 2 --env_agents 4: the ALE preset's 8 games per worker,
                   one pool per double-buffered group
   sf_envpool      Sample Factory 2.1.1's `sf_examples.envpool.atari.train_envpool_atari` with its defaults (1 pool of
-                  64 games per worker); its Python needs envpool (pip install envpool==1.2.5 in .venv-sf)
+                  64 games per worker); its Python needs envpool (pip install envpool==0.8.4 'shimmy<1' in .venv-sf)
+  cleanrl_envpool CleanRL's ppo_atari_envpool.py (--cleanrl_script: the file from its repository, which has no release
+                  on PyPI with it) with its defaults (8 games, one EnvPool pool, synchronous PPO) and --no-cuda; its
+                  Python (--cleanrl_python) needs torch, envpool==0.8.4 (its script sets the pool's num_envs, which
+                  1.x refuses), gym==0.23.1, numpy<2, tyro and tensorboard. Its frames: global_step x 4 (agent steps
+                  at frameskip 4), its frames/s its last SPS x 4 (the average since its envs were made)
 The configurations alternate in order per round (round 2 reversed). frames/s: the median of the steady 10-second
 windows of each run's reports and the frames between the first and last steady report over their time
 (sf_workloads.steady_fps); ratios against ours_ale, medians over rounds.
 
-    python benchmarks/envpool_atari.py                               # Breakout, 150 s each, 1 round, all four
+    python benchmarks/envpool_atari.py --cleanrl_script S --cleanrl_python P   # Breakout, 150 s each, all five
     python benchmarks/envpool_atari.py --configs ours_ale ours_envpool --seconds 60 --rounds 2
 """
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import signal
 import statistics
@@ -34,13 +40,35 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import header, table  # noqa: E402
 from sf_workloads import fmt, parse, ratio, run, sf_environment  # noqa: E402
 
-CONFIGS = ("ours_ale", "ours_envpool", "ours_envpool_8", "sf_envpool")
+from sf_envs.envpool.atari import envpool_task  # noqa: E402
+
+CONFIGS = ("ours_ale", "ours_envpool", "ours_envpool_8", "sf_envpool", "cleanrl_envpool")
+CLEANRL_STEP_RE = re.compile(r"global_step=(\d+)")
+CLEANRL_SPS_RE = re.compile(r"SPS: (\d+)")
+CLEANRL_RETURN_RE = re.compile(r"episodic_return=([-\d.]+)")
+
+
+def parse_cleanrl(result: dict) -> dict:
+    """frames, frames/s and the average return of its last 100 games out of CleanRL's output (frameskip 4)."""
+    log = result["log"]
+    steps, sps = CLEANRL_STEP_RE.findall(log), CLEANRL_SPS_RE.findall(log)
+    returns = [float(x) for x in CLEANRL_RETURN_RE.findall(log)][-100:]
+    frames = 4 * int(steps[-1]) if steps else 0
+    fps = 4.0 * int(sps[-1]) if sps else float("nan")
+    error = "" if result["rc"] == 0 or result.get("interrupted") else f"exit {result['rc']}: {log.strip()[-160:]}"
+    return {"frames": frames, "lag": 0.0, "fps": fps, "steady": fps, "overall": frames / result["wall"],
+            "reward": sum(returns) / len(returns) if returns else float("nan"), "wall": result["wall"],
+            "load": result["load"], "error": error}
 
 
 def command(name: str, args, scratch: Path, exp: str) -> tuple[list[str], Path]:
     """The command of configuration `name` and its working directory."""
     both = ["--env", args.env, "--num_workers", "2", "--device", "cpu", "--seed", str(args.seed),
             "--experiment", exp]
+    if name == "cleanrl_envpool":
+        return ([args.cleanrl_python, str(Path(args.cleanrl_script).resolve()), "--env-id",
+                 envpool_task(args.env[len("atari_"):]), "--no-cuda", "--seed", str(args.seed),
+                 "--total-timesteps", "1000000000", "--exp-name", exp], scratch / "cleanrl")
     if name == "sf_envpool":
         return ([args.sf_python, "-m", "sf_examples.envpool.atari.train_envpool_atari", *both, "--train_dir",
                  str(scratch / "sf" / "td")], scratch / "sf")
@@ -62,7 +90,16 @@ def main() -> None:
                     help="sf_envpool: a Python with sample-factory 2.1.1 and envpool")
     ap.add_argument("--stall_sec", type=float, default=300.0)
     ap.add_argument("--scratch", default=None, help="directory for the runs (default: a new one under /tmp, kept)")
+    ap.add_argument("--cleanrl_script", default=None, help="cleanrl_envpool: CleanRL's ppo_atari_envpool.py")
+    ap.add_argument("--cleanrl_python", default=sys.executable, help="cleanrl_envpool: a Python that runs it")
     args = ap.parse_args()
+    if "cleanrl_envpool" in args.configs and not (args.cleanrl_script and Path(args.cleanrl_script).is_file()):
+        if args.configs == list(CONFIGS):  # (the default: all of them) without the script: the others
+            args.configs.remove("cleanrl_envpool")
+        else:
+            print("--cleanrl_script: the path of CleanRL's ppo_atari_envpool.py is needed for cleanrl_envpool",
+                  file=sys.stderr)
+            sys.exit(2)
     if "sf_envpool" in args.configs:
         ok = Path(args.sf_python).exists() and subprocess.run(
             [args.sf_python, "-c", "import envpool, sample_factory"], capture_output=True).returncode == 0
@@ -84,10 +121,12 @@ def main() -> None:
         for name in args.configs if r % 2 else reversed(args.configs):
             exp = f"{name}_r{r}"
             cmd, cwd = command(name, args, scratch, exp)
-            sf = name.startswith("sf")
-            out = run(cmd, cwd, scratch / f"{exp}.log", args.stall_sec, sf_env if sf else None, seconds=args.seconds)
-            res = parse("sf" if sf else "ours", out, scratch / "sf" / "td" / exp / ".summary" / "0" if sf
-                        else scratch / "ours" / exp)
+            sf, cleanrl = name.startswith("sf"), name.startswith("cleanrl")
+            cwd.mkdir(parents=True, exist_ok=True)
+            out = run(cmd, cwd, scratch / f"{exp}.log", args.stall_sec, sf_env if sf else None, seconds=args.seconds,
+                      **({"frames_re": CLEANRL_STEP_RE} if cleanrl else {}))
+            res = parse_cleanrl(out) if cleanrl else parse("sf" if sf else "ours", out, scratch / "sf" / "td" / exp /
+                                                           ".summary" / "0" if sf else scratch / "ours" / exp)
             results[name].append(res)
             rows.append([r, name, res["frames"], fmt(res["wall"]), fmt(res["fps"]), fmt(res["steady"]),
                          fmt(res["reward"], 1), fmt(res["lag"], 1), fmt(res["load"], 1), res["error"]])

@@ -165,11 +165,12 @@ def remove_shm_of(processes: dict[int, list[str]]) -> None:
 
 
 def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict | None = None,
-        seconds: float | None = None) -> dict:
-    """Run cmd to the end (its output into log_path); kill its process group when its frame count stops growing.
-    seconds: SIGINT its process group this long after its first frames (both sides stop on it with a final checkpoint;
-    Sample Factory's --train_for_seconds counts only the time up to its last checkpoint save, so a short run would go
-    on, and its start-up takes from 15 s to over a minute on a loaded machine)."""
+        seconds: float | None = None, frames_re: re.Pattern = FRAMES_RE) -> dict:
+    """Run cmd to the end (its output into log_path); kill its process group when its frame count (`frames_re`'s
+    number in its output) stops growing. seconds: SIGINT its process group this long after its first frames (both
+    sides stop on it with a final checkpoint; Sample Factory's --train_for_seconds counts only the time up to its last
+    checkpoint save, so a short run would go on, and its start-up takes from 15 s to over a minute on a loaded
+    machine)."""
     t0 = time.time()
     interrupted, first_frames = False, None
     frames, progress_at, loads, stalled = -1, t0, [], False
@@ -182,7 +183,7 @@ def run(cmd: list[str], cwd: Path, log_path: Path, stall_sec: float, env: dict |
             while proc.poll() is None:
                 time.sleep(2)
                 loads.append(os.getloadavg()[0])
-                seen = max([int(x) for x in FRAMES_RE.findall(log_path.read_text(errors="replace"))] or [0])
+                seen = max([int(x) for x in frames_re.findall(log_path.read_text(errors="replace"))] or [0])
                 if seen > 0 and first_frames is None:
                     first_frames = time.time()
                 if seconds is not None and not interrupted and first_frames and time.time() - first_frames > seconds:
