@@ -19,14 +19,15 @@ class Family:
     listed: bool = True               # its names are a fixed set (env_names()); gym: and pettingzoo_ are open-ended
     frameskip: bool = False           # --env_frameskip overrides the spec's frameskip (the simulators)
     native_fps: Optional[int] = None  # the simulator's frame rate (enjoy's video); None: the env's render_fps
+    envpool: Optional[str] = None     # --env_engine envpool steps it: what its pool holds ("games"); None: it does not
 
 
 FAMILIES: tuple[Family, ...] = (
     Family("doom", "doom_", frameskip=True, native_fps=35),
-    Family("atari", "atari_", frameskip=True, native_fps=60),
+    Family("atari", "atari_", frameskip=True, native_fps=60, envpool="games"),
     Family("dmlab", "dmlab_", frameskip=True, native_fps=60),
     Family("test", "test_"),
-    Family("mujoco", "mujoco_"),
+    Family("mujoco", "mujoco_", envpool="envs"),
     Family("gym", "gym:", listed=False),
     Family("pettingzoo", "pettingzoo_", listed=False),
 )

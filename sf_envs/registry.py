@@ -41,8 +41,7 @@ __all__ = ["UnknownEnvError", "EnvUnavailableError", "env_spec", "env_names", "m
            "unregister_env", "check_env_available", "process_leftover_files", "register_leftover_files"]
 
 FAMILIES_WITH_FRAMESKIP = tuple(f.name for f in FAMILIES if f.frameskip)
-# --env_engine envpool: the families it steps, and what a pool holds
-ENVPOOL_FAMILIES = {"atari": "games", "mujoco": "envs"}
+ENVPOOL_FAMILIES = {f.name: f.envpool for f in FAMILIES if f.envpool}  # --env_engine envpool: what a pool holds
 
 
 _USER: dict[str, EnvSpec] = {}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from sf.cfg.shape import RunShape, num_envs
 from sf.utils.errors import ConfigError
 
 Config = Any  # (a Config: sf/cfg/config.py imports this module, so this one names it only in words)
@@ -66,13 +65,15 @@ class RunMode:
         """Samples older than --max_policy_lag SGD steps are masked out of the loss."""
         return not self.intervals
 
-    def minibatches(self, cfg: Config, shape: Optional[RunShape] = None) -> int:
+    def minibatches(self, cfg: Config, shape: Any = None) -> int:
         """SGD steps per epoch. Intervals: one per --batch_size samples of the training batch (one --rollout of every
-        agent of every env: shape.samples_per_batch; None: a single-agent env's); a --batch_size at least that large
-        makes it one step on the whole batch. Else --num_batches_per_epoch."""
+        agent of every env: a RunShape's samples_per_batch, not imported here: sf/cfg/shape.py reads Config; None: a
+        single-agent env's); a --batch_size at least that large makes it one step on the whole batch. Else
+        --num_batches_per_epoch."""
         if not self.intervals:
             return int(cfg.num_batches_per_epoch)
-        samples = shape.samples_per_batch if shape is not None else num_envs(cfg) * cfg.rollout
+        envs = cfg.num_workers * cfg.num_envs_per_worker
+        samples = shape.samples_per_batch if shape is not None else envs * cfg.rollout
         return max(1, samples // cfg.batch_size)
 
 
